@@ -1,0 +1,42 @@
+# Two-command quick start: `make run` (install + pipeline on the embedded default) and
+# `make test` (install + test suite). Both create the virtual environment in $(VENV) on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+# A pinned torch first: an unpinned one pulls several GB of CUDA wheels on a CPU-only machine.
+# On a GPU machine set TORCH to the build that matches its CUDA, e.g. TORCH='torch==2.13.0'.
+TORCH ?= torch==2.13.0
+CORES ?= all
+BIN := $(VENV)/bin
+ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
+
+.PHONY: install run test lint format clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet '$(TORCH)'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: install
+	$(ACTIVATE) snakemake --cores $(CORES)
+
+test: install
+	$(ACTIVATE) pytest -q
+
+lint: install
+	$(ACTIVATE) ruff check src scripts tests benchmarks
+	$(ACTIVATE) ruff format --check src scripts tests benchmarks
+	$(ACTIVATE) snakefmt --check Snakefile workflow
+	$(ACTIVATE) snakemake --lint
+
+format: install
+	$(ACTIVATE) ruff check --fix src scripts tests benchmarks
+	$(ACTIVATE) ruff format src scripts tests benchmarks
+	$(ACTIVATE) snakefmt Snakefile workflow
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,23 @@
+# circuitflow: baseline -> activation capture -> per-layer SAEs -> attribution -> interventions
+# -> report, for the embedded default model or a real one. See README.md.
+
+
+# A config given with --configfile replaces the embedded default instead of being merged into it
+# (a merge would keep the default's behaviours next to yours); unset keys take the schema's defaults.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/model.smk"
+include: "workflow/rules/prompts.smk"
+include: "workflow/rules/baseline.smk"
+include: "workflow/rules/provenance.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        baseline_outputs(),
+        provenance_outputs(),

@@ -1,0 +1,135 @@
+"""Baseline: how well the unmodified model does each behaviour.
+
+Metric: logit difference (answer - distractor) at the last position. `accuracy` is the share of
+prompts where the answer beats the distractor (the two-way choice the metric measures);
+`top1_accuracy` asks for the answer to be the model's top token over the whole vocabulary.
+Calibration compares the model's top-token confidence with how often that token is the answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from circuitflow.behaviours import prompts_hash
+
+
+@torch.no_grad()
+def last_token_logits(model, token_lists: list[list[int]], batch_size: int) -> torch.Tensor:
+    """Final-position logits [n, d_vocab] in float32, batching prompts of equal length together
+    (no padding, so no attention-mask subtleties)."""
+    out = torch.empty(len(token_lists), model.cfg.d_vocab_out, dtype=torch.float32)
+    by_length: dict[int, list[int]] = {}
+    for i, tokens in enumerate(token_lists):
+        by_length.setdefault(len(tokens), []).append(i)
+    device = next(model.parameters()).device
+    for indices in by_length.values():
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            batch = torch.tensor(np.stack([token_lists[i] for i in chunk]), device=device)
+            out[chunk] = model(batch, return_type="logits")[:, -1].float().cpu()
+    return out
+
+
+def score_prompts(logits: torch.Tensor, prompts: pd.DataFrame) -> pd.DataFrame:
+    answer = torch.tensor(prompts["answer_id"].to_numpy(copy=True))
+    distractor = torch.tensor(prompts["distractor_id"].to_numpy(copy=True))
+    rows = torch.arange(len(prompts))
+    probs = logits.softmax(-1)
+    top = logits.argmax(-1)
+    return pd.DataFrame(
+        {
+            "prompt_id": prompts["prompt_id"].to_numpy(),
+            "logit_diff": (logits[rows, answer] - logits[rows, distractor]).numpy(),
+            "p_answer": probs[rows, answer].numpy(),
+            "p_distractor": probs[rows, distractor].numpy(),
+            "top_token": top.numpy(),
+            "top_prob": probs.max(-1).values.numpy(),
+            "correct": (logits[rows, answer] > logits[rows, distractor]).numpy(),
+            "top1_correct": (top == answer).numpy(),
+        }
+    )
+
+
+def calibration_table(scores: pd.DataFrame, n_bins: int) -> pd.DataFrame:
+    """Reliability table: per confidence bin, mean confidence and top-1 accuracy."""
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    bins = np.clip(np.digitize(scores["top_prob"], edges[1:-1]), 0, n_bins - 1)
+    table = (
+        scores.assign(bin=bins)
+        .groupby("bin")
+        .agg(
+            confidence=("top_prob", "mean"),
+            accuracy=("top1_correct", "mean"),
+            count=("top_prob", "size"),
+        )
+        .reindex(range(n_bins))
+    )
+    table["bin_low"], table["bin_high"] = edges[:-1], edges[1:]
+    return table.reset_index()
+
+
+def expected_calibration_error(table: pd.DataFrame) -> float:
+    filled = table.dropna()
+    weights = filled["count"] / filled["count"].sum()
+    return float((weights * (filled["confidence"] - filled["accuracy"]).abs()).sum())
+
+
+def run(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
+    """Score a prompt set; returns (summary dict, per-prompt rows, calibration table)."""
+    clean = last_token_logits(model, list(prompts["clean_tokens"]), batch_size)
+    corrupted = last_token_logits(model, list(prompts["corrupted_tokens"]), batch_size)
+    scores = score_prompts(clean, prompts)
+    scores["corrupted_logit_diff"] = score_prompts(corrupted, prompts)["logit_diff"].to_numpy()
+    table = calibration_table(scores, n_bins)
+    summary = {
+        "logit_diff_mean": float(scores["logit_diff"].mean()),
+        "logit_diff_std": float(scores["logit_diff"].std(ddof=1)) if len(scores) > 1 else 0.0,
+        "accuracy": float(scores["correct"].mean()),
+        "top1_accuracy": float(scores["top1_correct"].mean()),
+        "corrupted_logit_diff_mean": float(scores["corrupted_logit_diff"].mean()),
+        "expected_calibration_error": expected_calibration_error(table),
+        "brier_score": float(((scores["top_prob"] - scores["top1_correct"]) ** 2).mean()),
+        "n_prompts": int(len(scores)),
+        "prompts_sha256": prompts_hash(prompts),
+    }
+    return summary, scores, table
+
+
+def plot(scores: pd.DataFrame, table: pd.DataFrame, title: str):
+    """Logit-difference histogram (clean vs corrupted) beside the reliability diagram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_hist, ax_cal) = plt.subplots(1, 2, figsize=(9, 3.5))
+    bins = np.histogram_bin_edges(
+        np.concatenate([scores["logit_diff"], scores["corrupted_logit_diff"]]), bins=30
+    )
+    ax_hist.hist(scores["logit_diff"], bins=bins, alpha=0.7, label="clean")
+    ax_hist.hist(scores["corrupted_logit_diff"], bins=bins, alpha=0.7, label="corrupted")
+    ax_hist.axvline(0, color="k", lw=0.8)
+    ax_hist.set_xlabel("logit difference (answer - distractor)")
+    ax_hist.set_ylabel("prompts")
+    ax_hist.legend()
+    filled = table.dropna()
+    ax_cal.plot([0, 1], [0, 1], "k--", lw=0.8, label="perfect calibration")
+    ax_cal.bar(
+        filled["bin_low"],
+        filled["accuracy"],
+        width=filled["bin_high"] - filled["bin_low"],
+        align="edge",
+        alpha=0.6,
+        edgecolor="k",
+        label="top-1 accuracy",
+    )
+    ax_cal.plot(filled["confidence"], filled["accuracy"], "o", color="C3", label="bin mean")
+    ax_cal.set_xlim(0, 1)
+    ax_cal.set_ylim(0, 1)
+    ax_cal.set_xlabel("confidence (top-token probability)")
+    ax_cal.set_ylabel("accuracy")
+    ax_cal.legend(loc="upper left", fontsize=8)
+    fig.suptitle(title)
+    return fig

@@ -1,0 +1,206 @@
+"""Load, validate and resolve the pipeline configuration.
+
+The JSON schema (workflow/schemas/config.schema.yaml) checks types, unknown keys and fills
+defaults through `snakemake.utils.validate`; the checks here need more than a schema can say
+(layers against the model's depth, behaviour sources against the model kind, files that exist).
+Every failure is one line that names the key and, where there is a list, the allowed values.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+EMBEDDED = "embedded"
+EMBEDDED_SOURCES = ("induction", "facts", "file")
+REAL_MODEL_SOURCES = ("ioi", "factual_recall", "file")
+LAYER_FORMS = "must be 'all', an index, a list of indices or a range like '0-5'"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key."""
+
+
+def load_schema(schema_path: Path = SCHEMA_PATH) -> dict:
+    return yaml.safe_load(Path(schema_path).read_text())
+
+
+def _key_path(error) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "(top level)"
+
+
+def _describe(error) -> str:
+    """One line for a jsonschema error: the key, what is wrong, and what is allowed."""
+    key = _key_path(error)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        where = f"{key}." if key != "(top level)" else ""
+        return f"unknown key {where}{extra[0]!s}; allowed keys: {', '.join(allowed)}"
+    if error.validator == "enum":
+        allowed = ", ".join(map(str, error.validator_value))
+        return f"{key}: {error.instance!r} is not allowed; allowed values: {allowed}"
+    if error.validator == "type":
+        return f"{key}: {error.instance!r} is not of type {error.validator_value}"
+    if error.validator == "required":
+        return f"{key}: {error.message}"
+    if error.validator == "oneOf" and key.endswith("layers"):
+        return f"{key}: {error.instance!r} {LAYER_FORMS}"
+    return f"{key}: {error.message}"
+
+
+def validate_schema(config: dict, schema_path: Path = SCHEMA_PATH) -> dict:
+    """Validate against the schema with Snakemake's validator, filling defaults in place."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(config, str(schema_path), set_default=True)
+    except WorkflowError:
+        # Snakemake's message repeats the whole schema; find the error that matters and say it once.
+        import jsonschema
+
+        validator = jsonschema.Draft202012Validator(load_schema(schema_path))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+        raise ConfigError(_describe(error)) from None
+    return config
+
+
+def parse_layers(spec: Any, n_layers: int, key: str = "layers") -> list[int]:
+    """`all`, an int, a list, or an inclusive range string "a-b" -> sorted layer indices."""
+    if spec == "all":
+        return list(range(n_layers))
+    if isinstance(spec, bool):
+        raise ConfigError(f"{key}: {spec!r} is not a layer specification")
+    if isinstance(spec, int):
+        layers = [spec]
+    elif isinstance(spec, list):
+        layers = list(spec)
+    elif isinstance(spec, str) and (m := re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", spec)):
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo > hi:
+            raise ConfigError(f"{key}: range {spec!r} is empty (start after end)")
+        layers = list(range(lo, hi + 1))
+    elif isinstance(spec, str) and spec.strip().isdigit():
+        layers = [int(spec)]
+    else:
+        raise ConfigError(f"{key}: {spec!r} {LAYER_FORMS}")
+    bad = [layer for layer in layers if not 0 <= layer < n_layers]
+    if bad:
+        raise ConfigError(
+            f"{key}: layer {bad[0]} is outside the model; allowed layers: 0-{n_layers - 1}"
+        )
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"{key}: {spec!r} lists a layer twice")
+    return sorted(layers)
+
+
+def is_embedded(config: dict) -> bool:
+    return config["model"]["name"] == EMBEDDED
+
+
+def model_n_layers(config: dict) -> int:
+    """Depth of the configured model, read without loading weights."""
+    model = config["model"]
+    if is_embedded(config):
+        return config["embedded"]["architecture"]["n_layers"]
+    if model.get("n_layers"):
+        return model["n_layers"]
+    path = Path(model["name"])
+    if path.exists():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"model.name: directory {path} has no config.json")
+        hf_cfg = json.loads(cfg_file.read_text())
+        for field in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
+            if field in hf_cfg:
+                return int(hf_cfg[field])
+        raise ConfigError(f"model.name: {cfg_file} does not say how many layers the model has")
+    from circuitflow.models import official_model_name, remote_n_layers
+
+    name = official_model_name(model["name"])  # raises ConfigError for unknown names
+    n_layers = remote_n_layers(name)
+    if n_layers is None:
+        raise ConfigError(
+            f"model.n_layers: cannot read the layer count of {name!r} offline; "
+            "run `snakemake prefetch_model` on a machine with internet or set model.n_layers"
+        )
+    return n_layers
+
+
+def check_behaviours(config: dict, base_dir: Path) -> None:
+    embedded = is_embedded(config)
+    allowed = EMBEDDED_SOURCES if embedded else REAL_MODEL_SOURCES
+    kind = "the embedded model" if embedded else "a real model"
+    for name, spec in config["behaviours"].items():
+        key = f"behaviours.{name}"
+        source = spec["source"]
+        if source not in allowed:
+            raise ConfigError(
+                f"{key}.source: {source!r} does not work with {kind}; allowed values: "
+                + ", ".join(allowed)
+            )
+        if source == "file":
+            if "path" not in spec:
+                raise ConfigError(f"{key}.path: required when source is 'file'")
+            path = Path(spec["path"])
+            if not path.is_absolute():
+                path = base_dir / path
+            if not path.is_file():
+                raise ConfigError(f"{key}.path: file {spec['path']} does not exist")
+            if path.suffix.lower() not in (".csv", ".jsonl", ".json"):
+                raise ConfigError(f"{key}.path: {spec['path']} must be .csv or .jsonl")
+        elif "path" in spec:
+            raise ConfigError(f"{key}.path: only used with source 'file', not {source!r}")
+
+
+def check_embedded(config: dict) -> None:
+    arch = config["embedded"]["architecture"]
+    if arch["d_model"] != arch["n_heads"] * arch["d_head"]:
+        raise ConfigError(
+            "embedded.architecture.d_head: n_heads * d_head must equal d_model "
+            f"({arch['n_heads']} * {arch['d_head']} != {arch['d_model']})"
+        )
+    lang = config["embedded"]["language"]
+    if lang["n_attributes"] > lang["n_subjects"]:
+        raise ConfigError(
+            "embedded.language.n_attributes: must not exceed n_subjects "
+            f"({lang['n_attributes']} > {lang['n_subjects']})"
+        )
+
+
+def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA_PATH) -> dict:
+    """Validate `config` and return it with defaults filled and `layers` as a list of ints."""
+    config = copy.deepcopy(config)
+    validate_schema(config, schema_path)
+    if is_embedded(config):
+        check_embedded(config)
+    n_layers = model_n_layers(config)
+    config["layers"] = parse_layers(config["layers"], n_layers)
+    check_behaviours(config, Path(base_dir))
+    return config
+
+
+def load(source: str | Path, base_dir: Path | str = ".") -> dict:
+    """Config for a stage script: a JSON string is the resolved section a rule passes; a path is a
+    user's YAML/JSON config file, validated and resolved here."""
+    text = str(source)
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    path = Path(text)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return resolve(yaml.safe_load(path.read_text()) or {}, base_dir)
+
+
+def section(config: dict, *keys: str) -> dict:
+    """The named top-level keys only: rules pass just what they use, so an unrelated edit does
+    not make Snakemake rerun them."""
+    return {key: config[key] for key in keys}

@@ -1,0 +1,194 @@
+"""Train the embedded default model: a small TransformerLens transformer on the synthetic language.
+
+It learns induction (a previous-token head in layer 0 feeding an induction head in layer 1) and
+memorised facts, so later stages have circuits with known answers to find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from circuitflow import models
+from circuitflow.io import atomic_path, save_figure, sha256_file, write_json, write_text
+from circuitflow.language import MIN_CONTEXT, LanguageConfig, SyntheticLanguage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArchitectureConfig:
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    d_head: int = 16
+    d_mlp: int = 256
+    n_ctx: int = 32
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    compile: bool = False
+    log_every: int = 250
+
+
+@dataclass(frozen=True)
+class EmbeddedModelConfig:
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    seed: int = 0
+    device: str = "auto"
+
+    @classmethod
+    def from_config(cls, config: dict) -> EmbeddedModelConfig:
+        """From the resolved pipeline config (`seed`, `device`, `embedded`)."""
+        emb = config["embedded"]
+        return cls(
+            language=LanguageConfig(**emb["language"], seed=config["seed"]),
+            architecture=ArchitectureConfig(**emb["architecture"]),
+            training=TrainingConfig(**emb["training"]),
+            seed=config["seed"],
+            device=config.get("device", "auto"),
+        )
+
+
+def tl_config(cfg: EmbeddedModelConfig, vocab_size: int) -> dict:
+    arch = cfg.architecture
+    return dict(
+        n_layers=arch.n_layers,
+        d_model=arch.d_model,
+        n_heads=arch.n_heads,
+        d_head=arch.d_head,
+        d_mlp=arch.d_mlp,
+        n_ctx=arch.n_ctx,
+        d_vocab=vocab_size,
+        act_fn="gelu",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        default_prepend_bos=True,
+        tokenizer_prepends_bos=False,
+        seed=cfg.seed,
+        model_name="circuitflow-embedded",
+    )
+
+
+def _autocast(device: str):
+    """bf16 autocast on GPUs that support it; full precision elsewhere."""
+    if device == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
+    """Train, save weights, tokenizer and TransformerLens config, and write `model.json` last."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    if cfg.architecture.n_ctx < MIN_CONTEXT:
+        raise ValueError(f"embedded.architecture.n_ctx must be at least {MIN_CONTEXT}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = models.resolve_device(cfg.device)
+    models.enable_fast_math(device)
+    torch.manual_seed(cfg.seed)
+    language = SyntheticLanguage(cfg.language)
+    tl_cfg = tl_config(cfg, language.vocab_size)
+    model = HookedTransformer(HookedTransformerConfig(**tl_cfg, device=device))
+    model.to(device)
+    step_model = torch.compile(model) if cfg.training.compile else model
+
+    tr = cfg.training
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=tr.lr, total_steps=tr.steps, pct_start=max(tr.warmup_fraction, 1e-3)
+    )
+    rng = np.random.default_rng([cfg.seed, 2])
+    history = []
+    tokens_per_step = tr.batch_size * cfg.architecture.n_ctx
+    start = last = time.perf_counter()
+    for step in range(1, tr.steps + 1):
+        batch = torch.from_numpy(language.batch(rng, tr.batch_size, cfg.architecture.n_ctx))
+        with _autocast(device):
+            loss = step_model(batch.to(device), return_type="loss")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % tr.log_every == 0 or step == tr.steps:
+            now = time.perf_counter()
+            rate = (
+                tokens_per_step * (tr.log_every if step % tr.log_every == 0 else 1) / (now - last)
+            )
+            last = now
+            history.append({"step": step, "loss": loss.item(), "tokens_per_s": rate})
+            log.info("step %d/%d  loss %.4f  %.0f tokens/s", step, tr.steps, loss.item(), rate)
+    wall = time.perf_counter() - start
+
+    model.eval()
+    eval_loss = _eval_loss(model, language, cfg, device)
+    weights = out_dir / models.WEIGHTS
+    from safetensors.torch import save_file
+
+    with atomic_path(weights) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, tmp)
+    language.tokenizer.save_pretrained(out_dir / models.TOKENIZER_DIR)
+    write_text(out_dir / "training_history.csv", _history_csv(history))
+    _plot_history(history, out_dir / "training_loss.png")
+    info = {
+        "kind": "embedded",
+        "name": "embedded",
+        "architecture": models.architecture_of(model.cfg),
+        "tl_config": tl_cfg,
+        "language": asdict(cfg.language),
+        "training": asdict(cfg.training),
+        "seed": cfg.seed,
+        "device": device,
+        "final_train_loss": history[-1]["loss"],
+        "eval_loss": eval_loss,
+        "wall_time_s": wall,
+        "tokens_per_s": tokens_per_step * tr.steps / wall,
+        "weights_sha256": sha256_file(weights),
+        "facts": {language.words[s]: language.words[a] for s, a in language.fact_of.items()},
+    }
+    write_json(out_dir / models.MODEL_JSON, info)
+    return info
+
+
+@torch.no_grad()
+def _eval_loss(model, language: SyntheticLanguage, cfg: EmbeddedModelConfig, device: str) -> float:
+    rng = np.random.default_rng([cfg.seed, 3])
+    batch = torch.from_numpy(language.batch(rng, 256, cfg.architecture.n_ctx)).to(device)
+    return float(model(batch, return_type="loss"))
+
+
+def _history_csv(history: list[dict]) -> str:
+    lines = ["step,loss,tokens_per_s"]
+    lines += [f"{h['step']},{h['loss']:.6f},{h['tokens_per_s']:.1f}" for h in history]
+    return "\n".join(lines) + "\n"
+
+
+def _plot_history(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="o", ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title("Embedded model training")
+    ax.grid(alpha=0.3)
+    save_figure(path, fig)

@@ -1,0 +1,37 @@
+# The model stage: train the embedded default, or pre-fetch a real model's weights.
+
+if cf_config.is_embedded(config):
+
+    rule train_model:
+        output:
+            f"{OUT}/model/model.json",
+        log:
+            f"{OUT}/logs/train_model.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_model.tsv"
+        conda:
+            "../../envs/circuitflow.yaml"
+        resources:
+            mem_mb=2000,
+            runtime=30,
+        params:
+            cfg=config_json("seed", "device", "embedded"),
+        shell:
+            stage("train_model") + " --config {params.cfg} --out {output} 2> {log}"
+
+else:
+
+    localrules:
+        prefetch_model,
+
+    # Runs on the login node, which has internet; compute nodes load from the cache offline.
+    rule prefetch_model:
+        output:
+            f"{OUT}/model/model.json",
+        log:
+            f"{OUT}/logs/prefetch_model.log",
+        params:
+            cfg=config_json("model"),
+        shell:
+            stage("prefetch_model", online=True)
+            + " --config {params.cfg} --out {output} 2> {log}"

@@ -1,0 +1,23 @@
+# One prompt set per behaviour: clean and corrupted tokens, answer and distractor ids.
+
+
+rule prompts:
+    input:
+        model=f"{OUT}/model/model.json",
+    output:
+        f"{OUT}/prompts/{{behaviour}}.parquet",
+    log:
+        f"{OUT}/logs/prompts/{{behaviour}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/prompts/{{behaviour}}.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        cfg=lambda wc: config_json("seed", "behaviours"),
+    shell:
+        stage("make_prompts")
+        + " --config {params.cfg} --behaviour {wildcards.behaviour}"
+        " --model-json {input.model} --out {output} 2> {log}"
