@@ -9,11 +9,17 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/baseline.smk"
 include: "workflow/rules/provenance.smk"
+include: "workflow/rules/train_sae.smk"
+include: "workflow/rules/capture.smk"
+include: "workflow/rules/attribution.smk"
 
 
 rule all:
@@ -21,3 +27,6 @@ rule all:
     input:
         baseline_outputs(),
         provenance_outputs(),
+        CAPTURE_OUTPUTS,
+        sae_outputs(),
+        attribution_outputs(),

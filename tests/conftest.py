@@ -88,3 +88,13 @@ def tiny_hf_model_dir(tmp_path_factory) -> Path:
     GPT2LMHeadModel(config).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def default_results(tmp_path_factory) -> Path:
+    """The whole DAG on the embedded default config (config/config.yaml), once per test session.
+    Tests of the science (accuracy, circuits, SAE quality) read its outputs."""
+    workdir = tmp_path_factory.mktemp("default-run")
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    run_snakemake(config, workdir)
+    return workdir / "results"

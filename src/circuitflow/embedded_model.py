@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from circuitflow import models
 from circuitflow.io import atomic_path, save_figure, sha256_file, write_json, write_text
@@ -117,7 +118,8 @@ def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
     history = []
     tokens_per_step = tr.batch_size * cfg.architecture.n_ctx
     start = last = time.perf_counter()
-    for step in range(1, tr.steps + 1):
+    progress = tqdm(range(1, tr.steps + 1), desc="train embedded model", unit="step", mininterval=5)
+    for step in progress:
         batch = torch.from_numpy(language.batch(rng, tr.batch_size, cfg.architecture.n_ctx))
         with _autocast(device):
             loss = step_model(batch.to(device), return_type="loss")
@@ -133,6 +135,7 @@ def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
             )
             last = now
             history.append({"step": step, "loss": loss.item(), "tokens_per_s": rate})
+            progress.set_postfix(loss=f"{loss.item():.3f}", tokens_per_s=f"{rate:.0f}")
             log.info("step %d/%d  loss %.4f  %.0f tokens/s", step, tr.steps, loss.item(), rate)
     wall = time.perf_counter() - start
 

@@ -57,3 +57,89 @@ def model_mem_mb(wildcards, attempt):
     """Host memory for jobs that hold the model; more on each retry (attempt counts from 1)."""
     base = 2000 if cf_config.is_embedded(config) else 16000
     return base * attempt
+
+
+def sae_outputs():
+    return expand(f"{OUT}/saes/{{site}}/layer_{{layer}}", site=SITES, layer=LAYERS)
+
+
+# ---- Job resources: estimates in src/circuitflow/resources.py, cluster facts from the profile --
+import ast
+import os
+
+from circuitflow import resources as cf_resources
+
+# A Slurm profile (profiles/csd3, profiles/local-slurm) declares, among its default-resources,
+# the accounts, the GPU partition, the GRES of a GPU job and the walltime cap. Snakemake parses
+# this file before it picks the executor, so these entries are how rules see the cluster.
+PROFILE_RESOURCES = {
+    name: getattr(value, "raw", value)
+    for name, value in (workflow.resource_settings.default_resources or {}).items()
+}
+
+
+def profile_setting(name, default=None):
+    """A profile default-resource as a value: env vars expanded, quotes removed."""
+    raw = PROFILE_RESOURCES.get(name)
+    if not isinstance(raw, str):
+        return default if raw is None else raw
+    value = os.path.expandvars(raw)
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+# Without a valid account sbatch fails per job with an obscure message; say it once, up front
+# (not inside Slurm jobs, which re-read this file).
+if workflow.is_main_process:
+    for key in ("slurm_account", "gpu_account"):
+        account = str(profile_setting(key, "set"))
+        if not account or "$" in account or account.startswith("-"):
+            raise WorkflowError(
+                f"Slurm account not set ({key} = {account!r}): export CSD3_ACCOUNT=PROJECT-SL2 "
+                "(`mybalance` lists your projects) or edit slurm_account in your profile"
+            )
+
+
+def job_resources(rule):
+    """resources: of `rule`: memory and walltime that grow with each retry, and on a Slurm
+    profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
+    """
+    cap = profile_setting("max_runtime")
+    res = {
+        "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt),
+        "runtime": lambda wc, attempt: cf_resources.runtime(config, rule, attempt, cap),
+        "gpus": cf_resources.gpus(config, rule),
+    }
+    if res["gpus"] and profile_setting("gpu_partition"):
+        res["slurm_partition"] = profile_setting("gpu_partition")
+        res["slurm_account"] = profile_setting(
+            "gpu_account", profile_setting("slurm_account")
+        )
+        if profile_setting("gpu_gres"):
+            res["gres"] = f"{profile_setting('gpu_gres')}:{res['gpus']}"
+    return res
+
+
+def job_threads(rule):
+    """threads: of `rule` (on Slurm, --cpus-per-task, or --cpus-per-gpu for GPU jobs)."""
+    return cf_resources.threads(config, rule)
+
+
+ATTR = f"{OUT}/attribution"
+
+
+def attribution_outputs():
+    return expand(
+        f"{ATTR}/{{behaviour}}/{{name}}",
+        behaviour=BEHAVIOURS,
+        name=["heads.parquet", "features.parquet", "graph.json"],
+    )
+
+
+def attribution_activations():
+    """Activation files in the same (site, layer) order as sae_outputs(), paired by position."""
+    return expand(
+        f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
+    )

@@ -4,20 +4,26 @@ if cf_config.is_embedded(config):
 
     rule train_model:
         output:
-            f"{OUT}/model/model.json",
+            json=f"{OUT}/model/model.json",
+            loss=report(
+                f"{OUT}/model/training_loss.png",
+                caption="../report/training_loss.rst",
+                category="Model",
+                labels={"figure": "training loss"},
+            ),
         log:
             f"{OUT}/logs/train_model.log",
         benchmark:
             f"{OUT}/benchmarks/train_model.tsv"
         conda:
             "../../envs/circuitflow.yaml"
+        threads: job_threads("train_model")
         resources:
-            mem_mb=2000,
-            runtime=30,
+            **job_resources("train_model"),
         params:
             cfg=config_json("seed", "device", "embedded"),
         shell:
-            stage("train_model") + " --config {params.cfg} --out {output} 2> {log}"
+            stage("train_model") + " --config {params.cfg} --out {output.json} 2> {log}"
 
 else:
 

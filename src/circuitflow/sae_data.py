@@ -1,0 +1,265 @@
+"""Stream shuffled activation batches from a capture-stage HDF5 file.
+
+The stream is a deterministic function of (seed, batch index): epoch ``e`` visits the file's
+blocks (contiguous row ranges aligned to HDF5 chunks) in a seeded order, groups of blocks fill a
+shuffle buffer, and the buffer's rows are permuted by a generator seeded with (seed, e, group).
+Any batch can therefore be rebuilt from its index alone, so resuming needs one integer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+
+class ActivationFileError(ValueError):
+    """An activation file that must not be consumed (incomplete, malformed)."""
+
+
+@dataclass(frozen=True)
+class ActivationFileInfo:
+    """The attributes of an activation file that training and evaluation rely on."""
+
+    path: Path
+    hook_name: str
+    layer: int
+    site: str
+    model_hash: str
+    token_set_hash: str
+    n_tokens: int
+    d_in: int
+    context_length: int
+    bos_excluded: bool
+    bos_token_id: int
+    chunk_rows: int
+
+
+_REQUIRED_ATTRS = (
+    "hook_name",
+    "layer",
+    "site",
+    "model_hash",
+    "token_set_hash",
+    "n_tokens",
+    "d_in",
+    "context_length",
+    "bos_excluded",
+    "bos_token_id",
+)
+
+
+def read_activation_info(path: str | Path) -> ActivationFileInfo:
+    """Validate an activation file and return its attributes.
+
+    Raises ActivationFileError (naming the file) unless the writer marked it complete.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ActivationFileError(f"{path}: activation file does not exist")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ActivationFileError(f"{path}: not a readable HDF5 file ({exc})") from exc
+    with f:
+        # `complete` is written last by the capture stage: anything else is a partial write.
+        if not bool(f.attrs.get("complete", False)):
+            raise ActivationFileError(
+                f"{path}: activation file is incomplete (attr 'complete' is not true); "
+                "rerun the capture stage"
+            )
+        missing = [a for a in _REQUIRED_ATTRS if a not in f.attrs]
+        if missing or "acts" not in f or "tokens" not in f:
+            raise ActivationFileError(
+                f"{path}: malformed activation file (missing attrs {missing} or datasets)"
+            )
+        acts = f["acts"]
+        n_tokens, d_in = acts.shape
+        if f["tokens"].shape != (n_tokens,) or int(f.attrs["n_tokens"]) != n_tokens:
+            raise ActivationFileError(f"{path}: acts/tokens/n_tokens disagree in length")
+        chunk_rows = acts.chunks[0] if acts.chunks else 4096
+        return ActivationFileInfo(
+            path=path,
+            hook_name=str(f.attrs["hook_name"]),
+            layer=int(f.attrs["layer"]),
+            site=str(f.attrs["site"]),
+            model_hash=str(f.attrs["model_hash"]),
+            token_set_hash=str(f.attrs["token_set_hash"]),
+            n_tokens=int(n_tokens),
+            d_in=int(d_in),
+            context_length=int(f.attrs["context_length"]),
+            bos_excluded=bool(f.attrs["bos_excluded"]),
+            bos_token_id=int(f.attrs["bos_token_id"]),
+            chunk_rows=int(chunk_rows),
+        )
+
+
+def load_eval_contexts(info: ActivationFileInfo, n_contexts: int) -> torch.Tensor:
+    """Rebuild the last ``n_contexts`` model contexts [n, context_length] from ``tokens``."""
+    per_ctx = info.context_length - 1 if info.bos_excluded else info.context_length
+    total = info.n_tokens // per_ctx
+    n = min(n_contexts, total)
+    if n < 1:
+        raise ActivationFileError(f"{info.path}: fewer tokens than one context")
+    with h5py.File(info.path, "r") as f:
+        toks = f["tokens"][(total - n) * per_ctx : total * per_ctx]
+    ctx = torch.from_numpy(toks.astype(np.int64)).reshape(n, per_ctx)
+    if info.bos_excluded:
+        bos = torch.full((n, 1), info.bos_token_id, dtype=torch.int64)
+        ctx = torch.cat([bos, ctx], dim=1)
+    return ctx
+
+
+@dataclass
+class ActivationStreamConfig:
+    """How batches are drawn from an activation file."""
+
+    batch_size: int = 4096
+    seed: int = 0
+    # Rows held in the shuffle buffer; bigger mixes better and costs memory (rows x d_in x 4 B).
+    shuffle_buffer_tokens: int = 262_144
+    # Batches prepared ahead on the background thread.
+    prefetch_batches: int = 4
+    device: str = "cpu"
+
+
+class ActivationStream:
+    """Infinite iterator of float32 [batch_size, d_in] tensors; ``position`` is resumable.
+
+    ``position`` counts batches handed out by ``__next__``; ``ActivationStream(..., position=p)``
+    continues the identical sequence from batch ``p``.
+    """
+
+    def __init__(
+        self, info: ActivationFileInfo, cfg: ActivationStreamConfig, position: int = 0
+    ) -> None:
+        self.info = info
+        self.cfg = cfg
+        self.position = position
+        n = info.n_tokens
+        self._block_rows = max(1, min(info.chunk_rows, n))
+        self._n_blocks = -(-n // self._block_rows)
+        self._blocks_per_group = max(1, cfg.shuffle_buffer_tokens // self._block_rows)
+        self._device = torch.device(cfg.device)
+        # Pinned host memory lets the host-to-device copy overlap compute on CUDA.
+        self._pin = self._device.type == "cuda"
+        self._queue: queue.Queue[torch.Tensor | BaseException] = queue.Queue(
+            maxsize=max(1, cfg.prefetch_batches)
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+        self._thread.start()
+
+    # --- deterministic layout -------------------------------------------------------------
+    def _epoch_groups(self, epoch: int) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        order = rng.permutation(self._n_blocks)
+        return [
+            order[i : i + self._blocks_per_group]
+            for i in range(0, self._n_blocks, self._blocks_per_group)
+        ]
+
+    def _group_rows(self, acts: h5py.Dataset, epoch: int, g: int, blocks: np.ndarray) -> np.ndarray:
+        parts = []
+        for b in blocks:
+            start = int(b) * self._block_rows
+            parts.append(acts[start : min(start + self._block_rows, self.info.n_tokens)])
+        rows = np.concatenate(parts).astype(np.float32, copy=False)
+        perm = np.random.default_rng([self.cfg.seed, epoch, g, 1]).permutation(len(rows))
+        return rows[perm]
+
+    def _rows_from(self, acts: h5py.Dataset, offset: int):
+        """Yield row arrays of the endless stream starting at absolute row ``offset``."""
+        n = self.info.n_tokens
+        epoch, within = divmod(offset, n)
+        while True:
+            seen = 0
+            for g, blocks in enumerate(self._epoch_groups(epoch)):
+                size = sum(min(self._block_rows, n - int(b) * self._block_rows) for b in blocks)
+                if seen + size <= within:
+                    seen += size
+                    continue
+                rows = self._group_rows(acts, epoch, g, blocks)
+                yield rows[max(0, within - seen) :]
+                seen += size
+            epoch, within = epoch + 1, 0
+
+    def _produce(self) -> None:
+        bs = self.cfg.batch_size
+        try:
+            with h5py.File(self.info.path, "r") as f:
+                carry = np.empty((0, self.info.d_in), dtype=np.float32)
+                for rows in self._rows_from(f["acts"], self.position * bs):
+                    # One concatenation per buffer fill; batches are views into it.
+                    buf = np.concatenate([carry, rows]) if len(carry) else rows
+                    i = 0
+                    while len(buf) - i >= bs:
+                        batch = torch.from_numpy(buf[i : i + bs])
+                        i += bs
+                        if self._pin:
+                            batch = batch.pin_memory()
+                        if not self._put(batch):
+                            return
+                    carry = buf[i:]
+        except BaseException as exc:  # surfaced to the consumer, never swallowed
+            self._queue.put(exc)
+
+    def _put(self, batch: torch.Tensor) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(batch, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # --- iterator -------------------------------------------------------------------------
+    def __iter__(self) -> ActivationStream:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise ActivationFileError(f"{self.info.path}: reading activations failed") from item
+        self.position += 1
+        return item.to(self._device, non_blocking=self._pin)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ActivationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_activation_file(
+    path: str | Path,
+    acts: np.ndarray,
+    tokens: np.ndarray,
+    attrs: dict[str, object],
+    chunk_rows: int = 4096,
+) -> None:
+    """Write a file in the capture-stage format (used for synthetic data and tests).
+
+    ``complete`` is set last and the file renamed into place, as the capture stage does.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("acts", data=acts, chunks=(min(chunk_rows, len(acts)), acts.shape[1]))
+        f.create_dataset("tokens", data=tokens.astype(np.int32))
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        f.attrs["n_tokens"] = len(acts)
+        f.attrs["d_in"] = acts.shape[1]
+        f.attrs["dtype"] = str(acts.dtype)
+        f.attrs["complete"] = True
+    tmp.replace(path)

@@ -1,0 +1,98 @@
+"""SAE quality measured on the model itself: reconstruction and spliced cross-entropy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sae_lens import SAE, HookedSAETransformer
+from transformer_lens import HookedTransformer
+
+
+def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
+    """Return ``model`` as a HookedSAETransformer (a weight-sharing-free copy if it is not one).
+
+    HookedSAETransformer only adds hook points and SAE bookkeeping to HookedTransformer, so the
+    plain model's state dict loads into it unchanged.
+    """
+    if isinstance(model, HookedSAETransformer):
+        return model
+    hooked = HookedSAETransformer(model.cfg, tokenizer=model.tokenizer)
+    hooked.load_state_dict(model.state_dict(), strict=True)
+    return hooked.to(model.cfg.device).eval()
+
+
+@torch.no_grad()
+def evaluate_sae(
+    model: HookedTransformer,
+    sae: SAE[Any],
+    contexts: torch.Tensor,
+    *,
+    exclude_bos: bool,
+    bos_token_id: int,
+    batch_size: int = 16,
+) -> dict[str, float | None]:
+    """Return l0, explained_variance, ce_clean, ce_sae, ce_zero and ce_loss_recovered.
+
+    The SAE is spliced in with ``HookedSAETransformer.add_sae`` at ``sae.cfg.metadata.hook_name``.
+    When the training data excluded BOS, the SAE is bypassed at BOS (as SAELens's
+    ``exclude_special_tokens`` does) and the zero-ablation leaves BOS alone too, so all three
+    losses differ only where the SAE was trained.
+    """
+    hook_name = sae.cfg.metadata.hook_name
+    if not hook_name:
+        raise ValueError("SAE has no metadata.hook_name; add_sae would silently skip it")
+    hooked = as_hooked_sae_transformer(model)
+    device = hooked.cfg.device
+    sae = sae.to(device).eval()
+    exclude = [bos_token_id] if exclude_bos else False
+
+    sums = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
+    n_ctx = 0
+    sq_err = l0_sum = 0.0
+    x_sum: torch.Tensor | None = None
+    x_sq_sum = 0.0
+    n_pos = 0
+    for start in range(0, len(contexts), batch_size):
+        toks = contexts[start : start + batch_size].to(device)
+        keep = (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
+
+        loss, cache = hooked.run_with_cache(toks, return_type="loss", names_filter=hook_name)
+        x = cache[hook_name][keep].float()
+        feats = sae.encode(x.to(sae.dtype))
+        recon = sae.decode(feats).float()
+        sq_err += (x - recon).pow(2).sum().item()
+        l0_sum += (feats != 0).sum().item()
+        x_sum = x.double().sum(0) if x_sum is None else x_sum + x.double().sum(0)
+        x_sq_sum += x.double().pow(2).sum().item()
+        n_pos += x.shape[0]
+
+        hooked.add_sae(sae, use_error_term=False, exclude_special_tokens=exclude)
+        try:
+            loss_sae = hooked(toks, return_type="loss")
+        finally:
+            hooked.reset_saes()
+
+        def zero_hook(act: torch.Tensor, hook: object, keep: torch.Tensor = keep) -> torch.Tensor:
+            return act * (~keep).unsqueeze(-1).to(act.dtype)
+
+        loss_zero = hooked.run_with_hooks(
+            toks, return_type="loss", fwd_hooks=[(hook_name, zero_hook)]
+        )
+        b = toks.shape[0]
+        sums["ce_clean"] += loss.item() * b
+        sums["ce_sae"] += loss_sae.item() * b
+        sums["ce_zero"] += loss_zero.item() * b
+        n_ctx += b
+
+    ce = {k: v / n_ctx for k, v in sums.items()}
+    assert x_sum is not None
+    # Total variance about the mean over all evaluated positions.
+    total_var_num = x_sq_sum - (x_sum.pow(2).sum().item() / n_pos)
+    denom = ce["ce_zero"] - ce["ce_clean"]
+    return {
+        "l0": l0_sum / n_pos,
+        "explained_variance": 1.0 - sq_err / total_var_num,
+        **ce,
+        "ce_loss_recovered": (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None,
+    }

@@ -1,0 +1,40 @@
+"""Atomic writes: a failed write leaves the old file (or nothing), never a half-written one."""
+
+from __future__ import annotations
+
+import pytest
+
+from circuitflow.io import atomic_dir, atomic_path, sha256_file, sha256_files, write_json
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path):
+    target = tmp_path / "out.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text('{"v": 2, "trunc')
+            raise RuntimeError("killed mid-write")
+    assert target.read_text().strip().startswith('{\n  "v": 1')
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temp file left behind
+
+
+def test_atomic_dir_replaces_only_on_success(tmp_path):
+    target = tmp_path / "sae"
+    with atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(ValueError):
+        with atomic_dir(target) as tmp:
+            (tmp / "a.txt").write_text("second")
+            raise ValueError("boom")
+    assert (target / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sae"]
+
+
+def test_hashes_depend_on_content_and_names(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"x" * 10)
+    b.write_bytes(b"x" * 10)
+    assert sha256_file(a) == sha256_file(b)
+    assert sha256_files([a]) != sha256_files([b])
+    b.write_bytes(b"y" * 10)
+    assert sha256_file(a) != sha256_file(b)

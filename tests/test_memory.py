@@ -1,0 +1,82 @@
+"""The memory planner: estimates, batch-size choice, and OOM back-off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from circuitflow import memory
+
+CFG = SimpleNamespace(d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=100)
+
+
+def estimate(**kw):
+    args = dict(
+        model_cfg=CFG,
+        n_params=100_000,
+        context_length=32,
+        stop_at_layer=2,
+        n_captured=2,
+        compute_dtype=torch.float32,
+        storage_dtype="float16",
+        device="cpu",
+    )
+    return memory.estimate_forward(**(args | kw))
+
+
+def test_estimate_grows_with_context_captures_and_logits():
+    base = estimate()
+    assert base.weights == 400_000
+    assert estimate(context_length=64).per_context() > 2 * base.per_context() * 0.99
+    assert estimate(n_captured=4).per_context() > base.per_context()
+    # Stopping before the unembedding saves the logits.
+    assert estimate(stop_at_layer=None).per_context() > base.per_context()
+    # On CUDA the host-side capture buffers do not count against device memory.
+    assert estimate(device="cuda").per_context() < base.per_context()
+
+
+def test_plan_picks_largest_power_of_two_that_fits():
+    est = estimate()
+    budget_for_37 = est.total(37)
+    plan = memory.plan_batch_size(est, 256, fraction=1.0, available=budget_for_37)
+    assert plan.batch_size == 32
+    assert plan.estimate_bytes == est.total(32) <= plan.budget_bytes
+    assert "batch 32 contexts" in plan.describe()
+    # The cap wins when memory is plentiful.
+    assert memory.plan_batch_size(est, 8, available=1 << 40).batch_size == 8
+
+
+def test_plan_refuses_when_one_context_does_not_fit():
+    est = estimate()
+    with pytest.raises(MemoryError, match="not enough memory on cpu"):
+        memory.plan_batch_size(est, 256, fraction=1.0, available=est.total(1) - 1)
+
+
+def test_available_and_peak_memory_on_cpu():
+    assert memory.available_bytes("cpu") > 0
+    assert memory.peak_memory_bytes("cpu") > 0
+
+
+def test_oom_backoff_halves_and_keeps_the_smaller_size():
+    tried = []
+
+    def inject(batch_size):
+        if batch_size > 8:
+            raise torch.cuda.OutOfMemoryError("injected")
+
+    backoff = memory.OOMBackoff(64, "cpu", inject=inject)
+    assert backoff.run(lambda bs: tried.append(bs) or bs) == 8
+    assert backoff.batch_size == 8
+    backoff.run(lambda bs: tried.append(bs))
+    assert tried == [8, 8]  # the second batch starts at the smaller size
+
+
+def test_oom_backoff_fails_clearly_below_batch_size_one():
+    def always(batch_size):
+        raise torch.cuda.OutOfMemoryError("injected")
+
+    backoff = memory.OOMBackoff(4, "cpu", inject=always)
+    with pytest.raises(MemoryError, match="even at batch size 1"):
+        backoff.run(lambda bs: bs)

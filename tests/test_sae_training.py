@@ -1,0 +1,174 @@
+"""End-to-end SAE training on activations captured from a real HookedTransformer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sae_lens import SAE, HookedSAETransformer
+from test_sae_fixtures import contexts, tiny_model, write_capture
+
+from circuitflow.sae_data import load_eval_contexts, read_activation_info
+from circuitflow.sae_metrics import as_hooked_sae_transformer, evaluate_sae
+from circuitflow.sae_training import ConfigError, SAETrainConfig, train_sae
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+METRIC_KEYS = {
+    "l0",
+    "explained_variance",
+    "dead_fraction",
+    "ce_loss_recovered",
+    "ce_clean",
+    "ce_sae",
+    "ce_zero",
+    "tokens_trained",
+    "wall_time_s",
+    "tokens_per_s",
+    "peak_memory_mb",
+    "architecture",
+    "controller_history",
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    model = tiny_model()
+    acts = write_capture(model, root / "activations/resid_post/layer_0.h5")
+    out = root / "saes/resid_post/layer_0"
+    cfg = SAETrainConfig(total_tokens=120_000, batch_size=512, k=8, eval_contexts=32)
+    metrics = train_sae(acts, out, cfg, model)
+    return model, acts, out, metrics
+
+
+def test_output_is_a_spliceable_saelens_sae(trained):
+    model, acts, out, metrics = trained
+    assert sorted(p.name for p in out.iterdir()) == [
+        "cfg.json",
+        "metrics.json",
+        "sae_weights.safetensors",
+    ]
+    assert not out.with_name(out.name + ".ckpt").exists()  # checkpoints cleaned up
+    sae = SAE.load_from_disk(out)
+    assert sae.cfg.metadata.hook_name == "blocks.0.hook_resid_post"
+    assert sae.cfg.d_sae == 8 * 32
+    hooked = HookedSAETransformer(model.cfg)
+    hooked.load_state_dict(model.state_dict())
+    toks = contexts(4)
+    clean = hooked(toks)
+    hooked.add_sae(sae)
+    assert "blocks.0.hook_resid_post" in hooked.acts_to_saes
+    spliced = hooked(toks)
+    assert not torch.allclose(clean, spliced)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert METRIC_KEYS <= set(on_disk)
+    assert on_disk == json.loads(json.dumps(metrics))
+
+
+def test_topk_quality_on_tiny_model(trained):
+    *_, metrics = trained
+    assert metrics["l0"] == pytest.approx(8.0)
+    assert metrics["explained_variance"] > 0.85
+    assert metrics["dead_fraction"] <= 0.2
+    assert metrics["tokens_trained"] == (120_000 // 512) * 512
+    # Zero-ablating layer 0's residual stream wrecks the model; the SAE nearly restores it.
+    assert metrics["ce_zero"] > metrics["ce_clean"] + 1.0
+    assert metrics["ce_loss_recovered"] > 0.9
+
+
+def test_ce_comes_from_real_splicing(trained):
+    model, acts, out, metrics = trained
+    info = read_activation_info(acts)
+    ctx = load_eval_contexts(info, 32)
+    sae = SAE.load_from_disk(out)
+    # The same number by hand: replace the hook's output with the SAE's reconstruction (BOS kept).
+    hooked = as_hooked_sae_transformer(model)
+
+    def splice(act, hook):
+        keep = (ctx != info.bos_token_id).unsqueeze(-1)
+        return torch.where(keep, sae(act), act)
+
+    with torch.no_grad():
+        manual = hooked.run_with_hooks(
+            ctx, return_type="loss", fwd_hooks=[(info.hook_name, splice)]
+        ).item()
+    assert metrics["ce_sae"] == pytest.approx(manual, abs=1e-4)
+    # A broken SAE (decoder rows shuffled) destroys the reconstruction and the recovered CE.
+    with torch.no_grad():
+        sae.W_dec.copy_(
+            sae.W_dec[torch.randperm(sae.cfg.d_sae, generator=torch.Generator().manual_seed(0))]
+        )
+    broken = evaluate_sae(model, sae, ctx, exclude_bos=True, bos_token_id=info.bos_token_id)
+    assert broken["explained_variance"] < 0.2
+    assert broken["ce_loss_recovered"] < metrics["ce_loss_recovered"] - 0.5
+    assert broken["ce_clean"] == pytest.approx(metrics["ce_clean"])
+
+
+def test_batchtopk_trains_and_saves_as_jumprelu(tmp_path):
+    model = tiny_model()
+    acts = write_capture(model, tmp_path / "layer_1.h5", layer=1, n_contexts=64)
+    cfg = SAETrainConfig(
+        architecture="batchtopk", total_tokens=30_000, batch_size=256, k=8, eval_contexts=8
+    )
+    metrics = train_sae(acts, tmp_path / "out", cfg, model)
+    sae = SAE.load_from_disk(tmp_path / "out")
+    assert sae.cfg.architecture() == "jumprelu"
+    assert sae.cfg.metadata.hook_name == "blocks.1.hook_resid_post"
+    assert metrics["architecture"] == "batchtopk" and 2 < metrics["l0"] < 40
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="sae.architecture"):
+        SAETrainConfig.from_dict({"architecture": "gated"})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['widht'\]"):
+        SAETrainConfig.from_dict({"widht": 3})
+    with pytest.raises(ConfigError, match="sae.controller"):
+        SAETrainConfig.from_dict({"controller": {"kd": 1}})
+
+
+def test_cli_rejects_incomplete_activations_with_one_line(tmp_path):
+    acts = write_capture(tiny_model(), tmp_path / "layer_0.h5", n_contexts=4, complete=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/train_sae.py"),
+            "--activations",
+            str(acts),
+            "--model-dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+            "--config-json",
+            "{}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "layer_0.h5" in last and "incomplete" in last
+    assert not (tmp_path / "out").exists()
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/train_sae.py"),
+            "--activations",
+            str(acts),
+            "--model-dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+            "--config-json",
+            '{"lr": -1}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "sae.lr" in bad.stderr
