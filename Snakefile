@@ -20,6 +20,8 @@ include: "workflow/rules/provenance.smk"
 include: "workflow/rules/train_sae.smk"
 include: "workflow/rules/capture.smk"
 include: "workflow/rules/attribution.smk"
+include: "workflow/rules/interventions.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
@@ -30,3 +32,5 @@ rule all:
         CAPTURE_OUTPUTS,
         sae_outputs(),
         attribution_outputs(),
+        interventions_outputs(),
+        report_outputs(),

@@ -40,7 +40,7 @@ def run() -> None:
     }
     save_figure(args.out_figure, baseline.plot(scores, table, f"{args.behaviour} baseline"))
     write_parquet(args.out_parquet, scores)
-    write_json(args.out_json, summary | {"calibration": table.to_dict(orient="records")})
+    write_json(args.out_json, summary | {"calibration": baseline.json_records(table)})
     print(
         f"{args.behaviour}: logit_diff_mean {summary['logit_diff_mean']:.3f}, "
         f"accuracy {summary['accuracy']:.3f} over {summary['n_prompts']} prompts"

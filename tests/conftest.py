@@ -21,6 +21,14 @@ TINY_EMBEDDED = {
         "induction": {"source": "induction", "n_prompts": 24},
         "facts": {"source": "facts", "n_prompts": 24},
     },
+    "capture": {"n_tokens": 16384},
+    "sae": {
+        "total_tokens": 40960,
+        "batch_size": 512,
+        "checkpoint_every_tokens": 20480,
+        "dead_window_tokens": 20480,
+        "eval_contexts": 16,
+    },
 }
 
 
@@ -93,7 +101,11 @@ def tiny_hf_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_results(tmp_path_factory) -> Path:
     """The whole DAG on the embedded default config (config/config.yaml), once per test session.
-    Tests of the science (accuracy, circuits, SAE quality) read its outputs."""
+    Tests of the science (accuracy, circuits, SAE quality) read its outputs.
+    CIRCUITFLOW_DEFAULT_RESULTS=<results dir of a default run> reuses one instead (development)."""
+    reuse = os.environ.get("CIRCUITFLOW_DEFAULT_RESULTS")
+    if reuse:
+        return Path(reuse)
     workdir = tmp_path_factory.mktemp("default-run")
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     run_snakemake(config, workdir)

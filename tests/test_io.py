@@ -38,3 +38,25 @@ def test_hashes_depend_on_content_and_names(tmp_path):
     assert sha256_files([a]) != sha256_files([b])
     b.write_bytes(b"y" * 10)
     assert sha256_file(a) != sha256_file(b)
+
+
+def test_outputs_get_the_usual_permissions_not_private_ones(tmp_path):
+    write_json(tmp_path / "shared.json", {})
+    with atomic_dir(tmp_path / "d") as tmp:
+        (tmp / "x").write_text("")
+    assert (tmp_path / "shared.json").stat().st_mode & 0o044 == 0o044  # group/other can read
+    assert (tmp_path / "d").stat().st_mode & 0o055 == 0o055
+
+
+def test_json_outputs_are_strict_json(tmp_path):
+    import json
+
+    import numpy as np
+
+    write_json(tmp_path / "m.json", {"a": float("nan"), "b": [np.float32(1.5), float("inf")]})
+    text = (tmp_path / "m.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {
+        "a": None,
+        "b": [1.5, None],
+    }

@@ -70,6 +70,11 @@ def calibration_table(scores: pd.DataFrame, n_bins: int) -> pd.DataFrame:
     return table.reset_index()
 
 
+def json_records(table: pd.DataFrame) -> list[dict]:
+    """Rows as dicts with empty bins as null (JSON has no NaN)."""
+    return table.astype(object).where(table.notna(), None).to_dict(orient="records")
+
+
 def expected_calibration_error(table: pd.DataFrame) -> float:
     filled = table.dropna()
     weights = filled["count"] / filled["count"].sum()

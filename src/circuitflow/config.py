@@ -168,6 +168,14 @@ def check_embedded(config: dict) -> None:
             "embedded.architecture.d_head: n_heads * d_head must equal d_model "
             f"({arch['n_heads']} * {arch['d_head']} != {arch['d_model']})"
         )
+    active = arch.get("active_heads")
+    if active is not None and (
+        len(active) != arch["n_layers"] or any(not 1 <= a <= arch["n_heads"] for a in active)
+    ):
+        raise ConfigError(
+            f"embedded.architecture.active_heads: {active} must list one count per layer "
+            f"({arch['n_layers']}), each between 1 and n_heads ({arch['n_heads']})"
+        )
     lang = config["embedded"]["language"]
     if lang["n_attributes"] > lang["n_subjects"]:
         raise ConfigError(

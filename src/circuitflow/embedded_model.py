@@ -31,6 +31,13 @@ class ArchitectureConfig:
     d_head: int = 16
     d_mlp: int = 256
     n_ctx: int = 32
+    # Shortformer: positions enter only queries and keys, never the residual stream, so the model
+    # cannot copy by position arithmetic and learns the classic previous-token + induction heads.
+    positional_embedding: str = "shortformer"
+    # Heads kept per layer after pruning (None: all). TransformerLens needs one head count for
+    # every layer; pruning the rest of a layer lets one induction head carry the mechanism
+    # instead of it being smeared over redundant copies.
+    active_heads: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,12 @@ class TrainingConfig:
     warmup_fraction: float = 0.05
     compile: bool = False
     log_every: int = 250
+    # Group lasso on each head's output weights: heads the language does not need fade out, so
+    # each mechanism lives in one head (a crisp, checkable circuit) rather than spread over all.
+    head_sparsity: float = 0.0
+    # When to prune to `architecture.active_heads` (share of steps): late enough that induction
+    # has formed with every head available, early enough for the kept heads to take over.
+    prune_at: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -56,9 +69,12 @@ class EmbeddedModelConfig:
     def from_config(cls, config: dict) -> EmbeddedModelConfig:
         """From the resolved pipeline config (`seed`, `device`, `embedded`)."""
         emb = config["embedded"]
+        arch = emb["architecture"]
         return cls(
             language=LanguageConfig(**emb["language"], seed=config["seed"]),
-            architecture=ArchitectureConfig(**emb["architecture"]),
+            architecture=ArchitectureConfig(
+                **{k: tuple(v) if isinstance(v, list) else v for k, v in arch.items()}
+            ),
             training=TrainingConfig(**emb["training"]),
             seed=config["seed"],
             device=config.get("device", "auto"),
@@ -77,7 +93,7 @@ def tl_config(cfg: EmbeddedModelConfig, vocab_size: int) -> dict:
         d_vocab=vocab_size,
         act_fn="gelu",
         normalization_type="LN",
-        positional_embedding_type="standard",
+        positional_embedding_type=arch.positional_embedding,
         default_prepend_bos=True,
         tokenizer_prepends_bos=False,
         seed=cfg.seed,
@@ -119,14 +135,20 @@ def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
     tokens_per_step = tr.batch_size * cfg.architecture.n_ctx
     start = last = time.perf_counter()
     progress = tqdm(range(1, tr.steps + 1), desc="train embedded model", unit="step", mininterval=5)
+    masks, prune_step = None, int(tr.prune_at * tr.steps)
     for step in progress:
         batch = torch.from_numpy(language.batch(rng, tr.batch_size, cfg.architecture.n_ctx))
+        if step == prune_step and cfg.architecture.active_heads is not None:
+            masks = head_masks(model, cfg.architecture.active_heads, batch.to(device))
+            log.info("pruned to %s heads per layer", cfg.architecture.active_heads)
         with _autocast(device):
             loss = step_model(batch.to(device), return_type="loss")
+        objective = loss + tr.head_sparsity * head_group_norm(model) if tr.head_sparsity else loss
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        apply_head_masks(model, masks)
         schedule.step()
         if step % tr.log_every == 0 or step == tr.steps:
             now = time.perf_counter()
@@ -152,12 +174,14 @@ def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
     info = {
         "kind": "embedded",
         "name": "embedded",
-        "architecture": models.architecture_of(model.cfg),
+        "architecture": models.architecture_of(model.cfg)
+        | {"active_heads": cfg.architecture.active_heads},
         "tl_config": tl_cfg,
         "language": asdict(cfg.language),
         "training": asdict(cfg.training),
         "seed": cfg.seed,
         "device": device,
+        "kept_heads": [m[:, 0, 0].nonzero().flatten().tolist() for m in masks] if masks else None,
         "final_train_loss": history[-1]["loss"],
         "eval_loss": eval_loss,
         "wall_time_s": wall,
@@ -167,6 +191,43 @@ def train(cfg: EmbeddedModelConfig, out_dir: Path | str) -> dict:
     }
     write_json(out_dir / models.MODEL_JSON, info)
     return info
+
+
+def head_masks(model, active_heads, batch: torch.Tensor) -> list[torch.Tensor] | None:
+    """Per layer, a 0/1 mask over W_O keeping the `active_heads[layer]` heads whose removal hurts
+    the loss most on `batch` (importance pruning, as in Michel et al. 2019)."""
+    if active_heads is None:
+        return None
+    masks = []
+    with torch.no_grad():
+        base = model(batch, return_type="loss").item()
+        for block, n_active in zip(model.blocks, active_heads, strict=True):
+            importance = []
+            for head in range(block.attn.W_O.shape[0]):
+                saved = block.attn.W_O[head].clone()
+                block.attn.W_O[head] = 0
+                importance.append(model(batch, return_type="loss").item() - base)
+                block.attn.W_O[head] = saved
+            keep = sorted(range(len(importance)), key=lambda h: -importance[h])[:n_active]
+            mask = torch.zeros_like(block.attn.W_O)
+            mask[keep] = 1
+            masks.append(mask)
+    return masks
+
+
+def apply_head_masks(model, masks: list[torch.Tensor] | None) -> None:
+    """Project pruned heads' output weights back to zero (after every optimiser step, since
+    Adam's momentum would otherwise move them)."""
+    if masks is None:
+        return
+    with torch.no_grad():
+        for block, mask in zip(model.blocks, masks, strict=True):
+            block.attn.W_O.mul_(mask)
+
+
+def head_group_norm(model) -> torch.Tensor:
+    """Sum over layers and heads of ||W_O[head]||_F (the group-lasso penalty)."""
+    return sum(block.attn.W_O.flatten(1).norm(dim=1).sum() for block in model.blocks)
 
 
 @torch.no_grad()

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextmanager
@@ -26,6 +33,9 @@ def atomic_path(path: Path | str, suffix: str | None = None) -> Iterator[Path]:
     )
     os.close(fd)
     tmp = Path(tmp)
+    # mkstemp makes the file private (0600); give it the permissions a plain open() would, so
+    # colleagues on a shared cluster can read the results.
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
         os.replace(tmp, path)
@@ -39,6 +49,7 @@ def atomic_dir(path: Path | str) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         if path.exists():
@@ -55,7 +66,21 @@ def write_text(path: Path | str, text: str) -> None:
 
 
 def write_json(path: Path | str, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Strict JSON (NaN and infinities become null, which every JSON reader accepts)."""
+    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
+    write_text(path, text + "\n")
+
+
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:  # numpy and torch scalars
+        return _finite(obj.item())
+    return obj
 
 
 def _json_default(obj):

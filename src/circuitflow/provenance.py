@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -101,3 +102,186 @@ def environment(repo: Path) -> dict:
         else [],
         "pipeline_git": git_state(repo),
     }
+
+
+# ---- After the stages: hashes of inputs, Slurm accounting, pip freeze, seeds, failures -------
+
+HASH_KINDS = {
+    # kind: glob patterns under the results directory
+    "model_weights": ("model/*.safetensors", "model/*.bin", "model/model.json"),
+    "prompt_sets": ("prompts/*.parquet",),
+    "token_sets": ("activations/tokens.npy", "activations/tokens.json"),
+    "activations": ("activations/*/layer_*.h5",),
+    "sae_weights": ("saes/*/layer_*/sae_weights.safetensors",),
+}
+SACCT_FIELDS = (
+    "JobID",
+    "JobName",
+    "Comment",
+    "State",
+    "ExitCode",
+    "Elapsed",
+    "Start",
+    "End",
+    "Partition",
+    "AllocTRES",
+    "NodeList",
+    "MaxRSS",
+    "WorkDir",
+)
+
+
+def input_hashes(outdir: Path | str) -> dict:
+    """sha256 of model weights, prompt sets, token sets, activation files and SAE weights, keyed
+    by path relative to `outdir`, plus the content hashes the stages recorded themselves."""
+    import json
+
+    from circuitflow.io import sha256_file
+
+    root = Path(outdir)
+    files: dict[str, dict[str, str]] = {}
+    for kind, patterns in HASH_KINDS.items():
+        paths = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()})
+        files[kind] = {str(p.relative_to(root)): sha256_file(p) for p in paths}
+    content: dict[str, str] = {}
+    model_json = root / "model" / "model.json"
+    if model_json.exists():
+        content["model weights_sha256 (model.json)"] = json.loads(model_json.read_text()).get(
+            "weights_sha256"
+        )
+    tokens_json = root / "activations" / "tokens.json"
+    if tokens_json.exists():
+        content["token_set_hash (tokens.json)"] = json.loads(tokens_json.read_text()).get(
+            "token_set_hash"
+        )
+    for path in sorted(root.glob("baseline/*.json")):
+        content[f"prompts_sha256 ({path.stem})"] = json.loads(path.read_text()).get(
+            "prompts_sha256"
+        )
+    return {"algorithm": "sha256", "files": files, "content_hashes": content}
+
+
+def parse_sacct(text: str) -> list[dict]:
+    """Rows of `sacct --parsable2 --noheader --format=<SACCT_FIELDS>` as dicts."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|")
+        rows.append(dict(zip((f.lower() for f in SACCT_FIELDS), values, strict=False)))
+    return rows
+
+
+def slurm_jobs(workdir: Path | str, since: datetime | None) -> dict:
+    """This pipeline's Slurm jobs from `sacct` (those submitted from `workdir` since `since`),
+    with states and elapsed times; an empty list and the reason when there is no accounting."""
+    if shutil.which("sacct") is None:
+        return {"source": None, "jobs": [], "reason": "not on Slurm: no sacct on this machine"}
+    cmd = [
+        "sacct",
+        "--allocations",
+        "--parsable2",
+        "--noheader",
+        f"--format={','.join(SACCT_FIELDS)}",
+    ]
+    if since is not None:
+        cmd.append(f"--starttime={since.strftime('%Y-%m-%dT%H:%M:%S')}")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"source": "sacct", "jobs": [], "reason": f"sacct failed: {err}"}
+    if done.returncode != 0:
+        reason = done.stderr.strip().splitlines()[-1:] or ["no message"]
+        return {"source": "sacct", "jobs": [], "reason": f"sacct failed: {reason[0]}"}
+    workdir = str(Path(workdir).resolve())
+    jobs = [
+        row
+        for row in parse_sacct(done.stdout)
+        if row.get("workdir", "").rstrip("/") == workdir
+        and row.get("comment", "").startswith("rule_")
+    ]
+    reason = "" if jobs else f"sacct lists no circuitflow jobs from {workdir} since {since}"
+    return {"source": "sacct", "command": " ".join(cmd), "jobs": jobs, "reason": reason}
+
+
+def failed_jobs(
+    snakemake_logs: Path | str, outdir: Path | str, since: datetime | None, slurm: dict
+) -> list[dict]:
+    """Failed jobs and reasons: `Error in rule X` blocks of Snakemake's own logs (written since
+    `since`) whose outputs lie under `outdir`, and this run's Slurm jobs that did not complete."""
+    import re
+
+    failed = []
+    log_dir = Path(snakemake_logs)
+    cutoff = since.timestamp() if since else 0
+    prefixes = tuple({str(outdir).rstrip("/") + "/", str(Path(outdir).resolve()) + "/"})
+    for path in sorted(log_dir.glob("*.snakemake.log")) if log_dir.is_dir() else []:
+        if path.stat().st_mtime < cutoff:
+            continue
+        text = path.read_text(errors="replace")
+        for match in re.finditer(r"Error in rule (\S+?):\n((?:    .*\n)+)", text):
+            fields = dict(re.findall(r"^ {4}(\w[\w ]*?):\s*(.*)$", match.group(2), flags=re.M))
+            outputs = [o.strip() for o in fields.get("output", "").split(",") if o.strip()]
+            mine = [o for o in outputs if o.startswith(prefixes)]
+            if not mine:
+                continue
+            reasons = [fields.get(k) for k in ("message", "exit code")]
+            reason = next((r for r in reasons if r and r != "None"), "command exited non-zero")
+            failed.append(
+                {
+                    "source": f".snakemake/log/{path.name}",
+                    "rule": match.group(1),
+                    "output": mine[0],
+                    "reason": reason,
+                    "log": fields.get("log", "").replace(
+                        " (check log file(s) for error details)", ""
+                    ),
+                }
+            )
+    for job in slurm.get("jobs", []):
+        if job.get("state", "").split()[0] not in ("COMPLETED", "RUNNING", "PENDING"):
+            failed.append(
+                {
+                    "source": "sacct",
+                    "rule": job.get("comment", ""),
+                    "output": f"Slurm job {job.get('jobid', '')}",
+                    "reason": f"{job.get('state')} (exit {job.get('exitcode')})",
+                    "log": "",
+                }
+            )
+    return failed
+
+
+def pip_freeze() -> str:
+    """`pip freeze` of this interpreter; the installed distributions when pip is absent."""
+    out = _run([sys.executable, "-m", "pip", "freeze", "--all"])
+    if out is not None:
+        return out + "\n"
+    dists = {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()}
+    return "\n".join(sorted(dists, key=str.lower)) + "\n"
+
+
+def seeds(config: dict) -> dict:
+    """Every seed in the resolved config (the master `seed`, and any per-stage `seed` keys)."""
+    found: dict = {}
+
+    def walk(node, prefix=""):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{prefix}.{key}" if prefix else key
+                if "seed" in key.lower() and not isinstance(value, dict):
+                    found[path] = value
+                walk(value, path)
+
+    walk(config)
+    return found
+
+
+def run_started(outdir: Path | str) -> datetime | None:
+    """When this run's first job started: the oldest stage log (a little earlier, for safety)."""
+    from datetime import timedelta
+
+    logs = [p.stat().st_mtime for p in Path(outdir, "logs").rglob("*") if p.is_file()]
+    if not logs:
+        return None
+    return datetime.fromtimestamp(min(logs)) - timedelta(hours=1)

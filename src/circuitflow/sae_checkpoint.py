@@ -6,7 +6,6 @@ SHA-256 of the tensor file, so truncation or bit rot is detected before anything
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +15,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from circuitflow.io import sha256_file
+
 FORMAT_VERSION = 1
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
@@ -23,14 +24,6 @@ STATE_FILE = "state.json"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that exists but cannot be trusted."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_checkpoint(
@@ -49,7 +42,7 @@ def save_checkpoint(
     meta = {
         "format": FORMAT_VERSION,
         "step": step,
-        "tensors_sha256": _sha256(tmp / TENSORS_FILE),
+        "tensors_sha256": sha256_file(tmp / TENSORS_FILE),
         "state": state,
     }
     with open(tmp / STATE_FILE, "w") as f:
@@ -81,7 +74,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         raise CheckpointError(f"{path}: unreadable checkpoint state ({exc}); delete it") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown checkpoint format; delete it")
-    if not tensor_path.is_file() or _sha256(tensor_path) != meta.get("tensors_sha256"):
+    if not tensor_path.is_file() or sha256_file(tensor_path) != meta.get("tensors_sha256"):
         raise CheckpointError(
             f"{path}: checkpoint tensors are missing, truncated or corrupt "
             "(checksum mismatch); delete it"

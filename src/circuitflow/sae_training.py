@@ -34,6 +34,7 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 from transformer_lens import HookedTransformer
 
+from circuitflow.io import write_json
 from circuitflow.sae_checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -308,13 +309,6 @@ def _peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
-
-
 def train_sae(
     activations: str | Path,
     out_dir: str | Path,
@@ -466,7 +460,7 @@ def train_sae(
         ],
         "config": cfg.to_dict(),
     }
-    _write_json_atomic(tmp / "metrics.json", metrics)
+    write_json(tmp / "metrics.json", metrics)
     if history:
         plot_history(history, cfg.target_l0, coef_name or "", tmp / "sparsity_control.png")
     if out_dir.exists():

@@ -8,16 +8,26 @@ rule baseline:
     output:
         json=f"{OUT}/baseline/{{behaviour}}.json",
         table=f"{OUT}/baseline/{{behaviour}}.parquet",
-        figure=f"{OUT}/baseline/{{behaviour}}_calibration.png",
+        figure=report(
+            f"{OUT}/baseline/{{behaviour}}_calibration.png",
+            caption="../report/baseline.rst",
+            category="Baseline",
+            labels={
+                "behaviour": "{behaviour}",
+                "figure": "logit difference and calibration",
+            },
+        ),
     log:
         f"{OUT}/logs/baseline/{{behaviour}}.log",
     benchmark:
         f"{OUT}/benchmarks/baseline/{{behaviour}}.tsv"
     conda:
         "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("baseline")
     resources:
-        mem_mb=model_mem_mb,
-        runtime=30,
+        **job_resources("baseline"),
     params:
         cfg=config_json("device", "model", "baseline"),
     shell:

@@ -29,6 +29,8 @@ if CAPTURE["corpus"] and not Path(CAPTURE["corpus"]).exists():
             f"{OUT}/corpus/prefetch.json",
         log:
             f"{OUT}/logs/prefetch_corpus.log",
+        benchmark:
+            f"{OUT}/benchmarks/prefetch_corpus.tsv"
         params:
             cfg=config_json("model", "capture"),
         shell:
@@ -49,8 +51,12 @@ rule capture_tokens:
         json=f"{ACTS}/tokens.json",
     log:
         f"{OUT}/logs/capture_tokens.log",
+    benchmark:
+        f"{OUT}/benchmarks/capture_tokens.tsv"
     conda:
         "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
     threads: job_threads("capture_tokens")
     resources:
         **job_resources("capture_tokens"),
@@ -76,6 +82,8 @@ if SHARDS == 1:
             f"{OUT}/benchmarks/capture.tsv"
         conda:
             "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
         threads: job_threads("capture")
         resources:
             **job_resources("capture"),
@@ -107,6 +115,8 @@ else:
             f"{OUT}/benchmarks/capture/shard_{{shard}}.tsv"
         conda:
             "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
         threads: job_threads("capture_shard")
         resources:
             **job_resources("capture_shard"),
@@ -127,8 +137,12 @@ else:
             f"{ACTS}/{{site}}/layer_{{layer}}.h5",
         log:
             f"{OUT}/logs/merge_capture/{{site}}_layer_{{layer}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/merge_capture/{{site}}_layer_{{layer}}.tsv"
         conda:
             "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
         threads: job_threads("merge_capture")
         resources:
             **job_resources("merge_capture"),

@@ -37,9 +37,12 @@ def config_json(*keys):
 def stage(name, online=False):
     """The command line that runs stage script `scripts/<name>.py`. src/ goes on PYTHONPATH so
     the rules also work in the conda environment of envs/; stage jobs never reach the Hugging
-    Face hub (weights were pre-fetched by a localrule on a machine with internet)."""
+    Face hub (weights were pre-fetched by a localrule on a machine with internet). Torch gets
+    exactly the job's threads: oversubscribed OpenMP threads spin and slow every job ~10x.
+    """
     offline = "" if online else "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
-    return f"{offline}PYTHONPATH={SRC} python {SCRIPTS / name}.py"
+    threads = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
+    return f"{offline}{threads}PYTHONPATH={SRC} python {SCRIPTS / name}.py"
 
 
 def baseline_outputs():
@@ -119,6 +122,9 @@ def job_resources(rule):
         )
         if profile_setting("gpu_gres"):
             res["gres"] = f"{profile_setting('gpu_gres')}:{res['gpus']}"
+        else:
+            # A cluster without GPUs (the local test one): the in-job srun would ask for --gpus.
+            res["gpus"] = 0
     return res
 
 
@@ -143,3 +149,48 @@ def attribution_activations():
     return expand(
         f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
     )
+
+
+def job_envmodules():
+    """envmodules: of every rule: the profile's `envmodules` entry (CSD3: rhel8/default-amp),
+    loaded in each job when the profile also sets `software-deployment-method: env-modules`.
+    """
+    modules = profile_setting("envmodules")
+    return [modules] if modules else []
+
+
+IV = f"{OUT}/interventions"
+
+
+def interventions_outputs():
+    """Per behaviour the summary (its main output) and the table across behaviours."""
+    return expand(f"{IV}/{{behaviour}}/summary.json", behaviour=BEHAVIOURS) + [
+        f"{IV}/heads_across_behaviours.parquet"
+    ]
+
+
+REPORT = f"{OUT}/report"
+
+
+def provenance_run_outputs():
+    """Provenance collected after the stages: input hashes, Slurm jobs, pip freeze, seeds."""
+    return [
+        f"{OUT}/provenance/{name}"
+        for name in ("hashes.json", "slurm_jobs.json", "pip_freeze.txt", "run.json")
+    ]
+
+
+def stage_outputs():
+    """The main outputs of every stage (what the after-the-run provenance hashes)."""
+    return (
+        baseline_outputs()
+        + attribution_activations()
+        + sae_outputs()
+        + attribution_outputs()
+        + interventions_outputs()
+    )
+
+
+def report_outputs():
+    """The report's pages (job_costs runs after all of them) and the run's provenance."""
+    return provenance_run_outputs() + [f"{REPORT}/job_costs.html"]

@@ -17,6 +17,8 @@ if cf_config.is_embedded(config):
             f"{OUT}/benchmarks/train_model.tsv"
         conda:
             "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
         threads: job_threads("train_model")
         resources:
             **job_resources("train_model"),
@@ -36,6 +38,8 @@ else:
             f"{OUT}/model/model.json",
         log:
             f"{OUT}/logs/prefetch_model.log",
+        benchmark:
+            f"{OUT}/benchmarks/prefetch_model.tsv"
         params:
             cfg=config_json("model"),
         shell:

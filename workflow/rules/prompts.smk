@@ -12,9 +12,11 @@ rule prompts:
         f"{OUT}/benchmarks/prompts/{{behaviour}}.tsv"
     conda:
         "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("prompts")
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **job_resources("prompts"),
     params:
         cfg=lambda wc: config_json("seed", "behaviours"),
     shell:

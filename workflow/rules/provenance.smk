@@ -7,14 +7,52 @@ rule provenance:
         config=f"{OUT}/provenance/config.resolved.yaml",
     log:
         f"{OUT}/logs/provenance.log",
+    benchmark:
+        f"{OUT}/benchmarks/provenance.tsv"
     conda:
         "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("provenance")
     resources:
-        mem_mb=1000,
-        runtime=10,
+        **job_resources("provenance"),
     params:
         cfg=config_json(*config),
     shell:
         stage("provenance")
         + " --config {params.cfg} --out-environment {output.environment}"
         " --out-config {output.config} 2> {log}"
+
+
+# After the stages: sha256 of model weights, prompt sets, token sets, activation files and SAE
+# weights; this run's Slurm jobs from sacct (an empty list and the reason off Slurm); pip freeze;
+# seeds and failed jobs (Snakemake's logs, sacct).
+rule provenance_run:
+    input:
+        stage_outputs(),
+    output:
+        hashes=f"{OUT}/provenance/hashes.json",
+        slurm=f"{OUT}/provenance/slurm_jobs.json",
+        freeze=f"{OUT}/provenance/pip_freeze.txt",
+        run=f"{OUT}/provenance/run.json",
+    log:
+        f"{OUT}/logs/provenance_run.log",
+    benchmark:
+        f"{OUT}/benchmarks/provenance_run.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    params:
+        cfg=config_json(*config),
+    shell:
+        stage("provenance")
+        + " --config {params.cfg} --outdir "
+        + OUT
+        + " --out-hashes {output.hashes}"
+        " --out-slurm {output.slurm} --out-pip-freeze {output.freeze} --out-run {output.run}"
+        " 2> {log}"

@@ -14,6 +14,8 @@ rule train_sae:
         f"{OUT}/benchmarks/train_sae/{{site}}_layer_{{layer}}.tsv"
     conda:
         "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
     threads: job_threads("train_sae")
     resources:
         **job_resources("train_sae"),

@@ -1,0 +1,337 @@
+"""Ablations and steering: run the model with some nodes' activations replaced, and score it.
+
+Nodes (`Node`): the token embedding (`hook_embed`), each attention head (a slice of
+`blocks.{l}.attn.hook_z`), each MLP output (`blocks.{l}.hook_mlp_out`) and each SAE feature at
+its hook site (`blocks.{l}.hook_{site}`). Node ids are those of the attribution graph
+(`embedding`, `head.{l}.{h}`, `mlp.{l}`, `feature.{site}.{l}.{f}`).
+
+Ablation kinds (what an ablated node's activation becomes):
+
+* `zero`: zero.
+* `mean`: its mean over a reference prompt set, position by position (prompts of one behaviour
+  share a length; prompts are grouped by length otherwise): the behaviour's own clean prompts
+  (`mean_reference: clean`, the prompt distribution) or their corrupted twins (`corrupted`).
+* `resample`: its value on a corrupted prompt drawn at random (a permutation per seed, within
+  prompts of the same length), as in resample ablation / causal scrubbing.
+
+An SAE feature is ablated inside the residual stream without replacing it by the SAE's
+reconstruction: x <- x + (a_ref - a) W_dec[f], which equals splicing the SAE with its error term
+and changing that one feature's activation (the decoder is linear), so every other feature and
+the error term are untouched. Steering adds alpha * direction to the hook's output at every
+position but the first (BOS, the attention sink).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+KINDS = ("zero", "mean", "resample")
+REFERENCES = ("clean", "corrupted")
+EMBED_HOOK = "hook_embed"
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    """One ablatable node. `layer` is -1 for the embedding; `index` is the head or feature."""
+
+    kind: str  # embedding | head | mlp | feature
+    layer: int = -1
+    index: int = -1
+    site: str = ""
+
+    @property
+    def id(self) -> str:
+        if self.kind == "embedding":
+            return "embedding"
+        if self.kind == "head":
+            return f"head.{self.layer}.{self.index}"
+        if self.kind == "mlp":
+            return f"mlp.{self.layer}"
+        if self.kind == "feature":
+            return f"feature.{self.site}.{self.layer}.{self.index}"
+        raise ValueError(f"unknown node kind {self.kind!r}")
+
+    @property
+    def hook(self) -> str:
+        if self.kind == "embedding":
+            return EMBED_HOOK
+        if self.kind == "head":
+            return f"blocks.{self.layer}.attn.hook_z"
+        if self.kind == "mlp":
+            return f"blocks.{self.layer}.hook_mlp_out"
+        return f"blocks.{self.layer}.hook_{self.site}"
+
+    @property
+    def label(self) -> str:
+        """Short human label: emb, L1H2, MLP0, resid_post0/F12."""
+        return {
+            "embedding": "emb",
+            "head": f"L{self.layer}H{self.index}",
+            "mlp": f"MLP{self.layer}",
+        }.get(self.kind, f"{self.site}{self.layer}/F{self.index}")
+
+    @classmethod
+    def parse(cls, node_id: str) -> Node:
+        if node_id == "embedding":
+            return cls("embedding")
+        if m := re.fullmatch(r"head\.(\d+)\.(\d+)", node_id):
+            return cls("head", int(m[1]), int(m[2]))
+        if m := re.fullmatch(r"mlp\.(\d+)", node_id):
+            return cls("mlp", int(m[1]))
+        if m := re.fullmatch(r"feature\.(\w+)\.(\d+)\.(\d+)", node_id):
+            return cls("feature", int(m[2]), int(m[3]), m[1])
+        raise ValueError(f"cannot parse node id {node_id!r}")
+
+
+def component_nodes(n_layers: int, n_heads: int) -> list[Node]:
+    """Embedding, every head and every MLP, in forward order."""
+    nodes = [Node("embedding")]
+    for layer in range(n_layers):
+        nodes += [Node("head", layer, h) for h in range(n_heads)]
+        nodes.append(Node("mlp", layer))
+    return nodes
+
+
+def head_nodes(n_layers: int, n_heads: int) -> list[Node]:
+    return [Node("head", layer, h) for layer in range(n_layers) for h in range(n_heads)]
+
+
+@dataclass
+class Outcome:
+    """Per-prompt results of one (possibly ablated) run, in the prompt table's row order."""
+
+    logit_diff: np.ndarray
+    correct: np.ndarray  # answer logit > distractor logit
+    top_token: np.ndarray
+    top_prob: np.ndarray
+    top1_correct: np.ndarray
+    mean_logits: np.ndarray  # [d_vocab] mean last-position logits over prompts
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "logit_diff": self.logit_diff,
+                "correct": self.correct,
+                "top_token": self.top_token,
+                "top_prob": self.top_prob,
+                "top1_correct": self.top1_correct,
+            }
+        )
+
+
+@dataclass
+class _Group:
+    rows: np.ndarray  # positions in the prompt table
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    answer: torch.Tensor
+    distractor: torch.Tensor
+
+
+@dataclass
+class _Context:
+    group: int = 0
+    rows: slice = field(default_factory=lambda: slice(0, 0))
+    perm: np.ndarray | None = None
+
+
+class Intervener:
+    """Runs the model on a prompt set with ablated and steered nodes.
+
+    Reference activations (means, corrupted runs) are computed once per hook on first use.
+    """
+
+    def __init__(
+        self,
+        model,
+        prompts: pd.DataFrame,
+        kind: str = "mean",
+        mean_reference: str = "clean",
+        batch_size: int = 64,
+        saes: dict[str, Any] | None = None,
+    ):
+        if kind not in KINDS:
+            raise ValueError(f"ablation: {kind!r}; allowed values: {', '.join(KINDS)}")
+        if mean_reference not in REFERENCES:
+            raise ValueError(
+                f"mean_reference: {mean_reference!r}; allowed values: {', '.join(REFERENCES)}"
+            )
+        self.model = model
+        self.kind = kind
+        self.mean_reference = mean_reference
+        self.batch_size = batch_size
+        self.saes = saes or {}
+        self.device = next(model.parameters()).device
+        self.n = len(prompts)
+        self.groups = self._groups(prompts)
+        self._ref: dict[tuple[str, str, int], torch.Tensor] = {}
+        self._ctx = _Context()
+
+    def _groups(self, prompts: pd.DataFrame) -> list[_Group]:
+        by_len: dict[int, list[int]] = {}
+        for i, toks in enumerate(prompts["clean_tokens"]):
+            by_len.setdefault(len(toks), []).append(i)
+        groups = []
+        for rows in by_len.values():
+            sub = prompts.iloc[rows]
+
+            def stack(col: str, sub: pd.DataFrame = sub) -> torch.Tensor:
+                return torch.tensor(np.stack(sub[col].to_list()), dtype=torch.long)
+
+            groups.append(
+                _Group(
+                    np.asarray(rows),
+                    stack("clean_tokens"),
+                    stack("corrupted_tokens"),
+                    torch.tensor(sub["answer_id"].to_numpy(copy=True), dtype=torch.long),
+                    torch.tensor(sub["distractor_id"].to_numpy(copy=True), dtype=torch.long),
+                )
+            )
+        return groups
+
+    # --- reference activations ----------------------------------------------------------------
+    @torch.no_grad()
+    def _activations(self, hook: str, which: str, g: int) -> torch.Tensor:
+        """The hook's activation [n_group, pos, ...] on the group's clean or corrupted prompts."""
+        key = ("acts", hook, which, g)
+        if key not in self._ref:
+            tokens = getattr(self.groups[g], which)
+            chunks = []
+            for s in range(0, len(tokens), self.batch_size):
+                store: dict[str, torch.Tensor] = {}
+
+                def save(act, hook, store=store):
+                    store["a"] = act.detach()
+
+                with self.model.hooks(fwd_hooks=[(hook, save)]):
+                    self.model(tokens[s : s + self.batch_size].to(self.device))
+                chunks.append(store["a"])
+            self._ref[key] = torch.cat(chunks)
+        return self._ref[key]
+
+    def _feature_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
+        key = ("feats", hook, which, g)
+        if key not in self._ref:
+            sae = self.saes[hook]
+            x = self._activations(hook, which, g)
+            with torch.no_grad():
+                self._ref[key] = sae.encode(x.to(sae.dtype)).float()
+        return self._ref[key]
+
+    def _replacement(self, node: Node, hook: str) -> torch.Tensor | float:
+        """What the ablated node's activation becomes for the current chunk (broadcastable)."""
+        ctx = self._ctx
+        if self.kind == "zero":
+            return 0.0
+        feats = node.kind == "feature"
+        get = self._feature_acts if feats else self._activations
+        if self.kind == "mean":
+            key = ("mean", hook, self.mean_reference, ctx.group, feats)
+            if key not in self._ref:
+                self._ref[key] = get(hook, self.mean_reference, ctx.group).mean(0, keepdim=True)
+            return self._ref[key]
+        acts = get(hook, "corrupted", ctx.group)
+        rows = np.arange(len(acts))[ctx.rows]
+        idx = ctx.perm[rows] if ctx.perm is not None else rows
+        return acts[torch.as_tensor(idx, device=acts.device)]
+
+    def _prepare(self, by_hook: dict[str, list[Node]]) -> None:
+        """Compute reference activations before any hook is on (they are clean forward passes)."""
+        if self.kind == "zero":
+            return
+        for hook, nodes in by_hook.items():
+            for g in range(len(self.groups)):
+                self._ctx = _Context(g, slice(0, 1), np.arange(len(self.groups[g].rows)))
+                for feats in sorted({n.kind == "feature" for n in nodes}):
+                    probe = next(n for n in nodes if (n.kind == "feature") == feats)
+                    self._replacement(probe, hook)
+
+    # --- hooks --------------------------------------------------------------------------------
+    def _hook_fn(self, name: str, nodes: list[Node], steer: list[torch.Tensor]):
+        def fn(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
+            act = act.clone()
+            for node in nodes:
+                value = self._replacement(node, name)
+                if node.kind == "head":
+                    v = value if isinstance(value, float) else value[:, :, node.index]
+                    act[:, :, node.index] = v
+                elif node.kind == "feature":
+                    sae = self.saes[name]
+                    a = sae.encode(act.to(sae.dtype))[..., node.index].float()
+                    ref = value if isinstance(value, float) else value[..., node.index]
+                    direction = sae.W_dec[node.index].to(act.dtype)
+                    act = act + ((ref - a)[..., None] * direction).to(act.dtype)
+                else:
+                    act[:] = value
+            for vec in steer:
+                act[:, 1:] = act[:, 1:] + vec.to(act.dtype)
+            return act
+
+        return fn
+
+    @torch.no_grad()
+    def run(
+        self,
+        ablate: Iterable[Node] = (),
+        seed: int = 0,
+        steer: Sequence[tuple[str, torch.Tensor]] = (),
+    ) -> Outcome:
+        """Score the prompts with `ablate` ablated (this object's kind) and `steer` vectors
+        ((hook, vector [d_model])) added. `seed` drives the resample draw."""
+        by_hook: dict[str, list[Node]] = {}
+        for node in ablate:
+            by_hook.setdefault(node.hook, []).append(node)
+        steer_by_hook: dict[str, list[torch.Tensor]] = {}
+        for hook, vec in steer:
+            steer_by_hook.setdefault(hook, []).append(vec.to(self.device))
+        self._prepare(by_hook)
+        hooks = [
+            (h, self._hook_fn(h, by_hook.get(h, []), steer_by_hook.get(h, [])))
+            for h in sorted(set(by_hook) | set(steer_by_hook))
+        ]
+        vocab = self.model.cfg.d_vocab_out
+        logit_diff = np.zeros(self.n)
+        correct = np.zeros(self.n, dtype=bool)
+        top_token = np.zeros(self.n, dtype=np.int64)
+        top_prob = np.zeros(self.n)
+        top1 = np.zeros(self.n, dtype=bool)
+        logit_sum = torch.zeros(vocab, dtype=torch.float64)
+        for g, group in enumerate(self.groups):
+            perm = None
+            if self.kind == "resample":
+                rng = np.random.default_rng([seed, len(group.rows), group.clean.shape[1]])
+                perm = rng.permutation(len(group.rows))
+            for s in range(0, len(group.rows), self.batch_size):
+                sl = slice(s, s + self.batch_size)
+                self._ctx = _Context(g, sl, perm)
+                with self.model.hooks(fwd_hooks=hooks):
+                    logits = self.model(group.clean[sl].to(self.device), return_type="logits")
+                last = logits[:, -1].float().cpu()
+                ans, dis = group.answer[sl], group.distractor[sl]
+                r = torch.arange(len(ans))
+                la, ld = last[r, ans], last[r, dis]
+                probs = last.softmax(-1)
+                top = last.argmax(-1)
+                rows = group.rows[sl]
+                logit_diff[rows] = (la - ld).numpy()
+                correct[rows] = (la > ld).numpy()
+                top_token[rows] = top.numpy()
+                top_prob[rows] = probs.max(-1).values.numpy()
+                top1[rows] = (top == ans).numpy()
+                logit_sum += last.sum(0).double()
+        return Outcome(logit_diff, correct, top_token, top_prob, top1, (logit_sum / self.n).numpy())
+
+
+def calibration_error(outcome: Outcome, n_bins: int = 10) -> float:
+    """Expected calibration error of the top-token probability against top-1 correctness, as
+    the baseline stage computes it."""
+    from circuitflow.baseline import calibration_table, expected_calibration_error
+
+    return expected_calibration_error(calibration_table(outcome.frame(), n_bins))

@@ -1,0 +1,148 @@
+"""Per-rule job resources (GPUs, CPUs, host memory, walltime) planned from the config.
+
+Rules call these through the helpers at the end of workflow/rules/common.smk; a Slurm profile
+(profiles/csd3) turns them into sbatch options. Estimates are deliberately simple: a base per
+rule, plus the model's weights where a job holds the model, plus the SAE's buffers and optimiser
+state for train_sae. Memory and walltime grow linearly with Snakemake's `attempt` (1, 2, ...),
+so a job killed for memory or walltime gets more on its retry, and walltime is capped at the
+cluster's limit. The model's shape comes from `embedded.architecture` for the embedded model,
+from config.json for a local Hugging Face directory, from a table of known models, else from
+`model.n_layers` with a GPT-2-medium-like width. Wrong by a factor of two is fine; wrong by ten
+is a bug: override a rule with `--set-resources RULE:mem_mb=...` meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# Rules that run the model or train on activations: one GPU each unless `device: cpu`.
+GPU_RULES = frozenset(
+    {"baseline", "capture", "capture_shard", "train_sae", "attribution", "interventions"}
+)
+# Base walltime in minutes on attempt 1, before model-size scaling.
+BASE_RUNTIME = {
+    "train_model": 30,
+    "prompts": 10,
+    "baseline": 20,
+    "provenance": 10,
+    "capture_tokens": 20,
+    "capture": 30,
+    "capture_shard": 30,
+    "merge_capture": 20,
+    "train_sae": 30,
+    "attribution": 60,
+    "interventions": 60,
+}
+DEFAULT_RUNTIME = 30
+# Host memory every Python job needs for torch, TransformerLens and SAELens imports (MB).
+BASE_MEM_MB = 2000
+# CSD3 ampere: at most 32 CPUs per GPU (a node has 4 A100s and 128 cores).
+MAX_CPUS_PER_GPU = 32
+MB = 2**20
+GPT2_PARAMS = 124_000_000
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    vocab: int
+
+    @property
+    def n_params(self) -> int:
+        # Attention (4 d^2) + MLP (2 d d_mlp) per layer, embedding and unembedding.
+        per_layer = 4 * self.d_model**2 + 2 * self.d_model * self.d_mlp
+        return self.n_layers * per_layer + 2 * self.vocab * self.d_model
+
+
+# Hub models whose config cannot be read offline when the DAG is planned (before the prefetch).
+KNOWN_MODELS = {
+    "gpt2": ModelShape(12, 768, 3072, 50257),
+    "gpt2-small": ModelShape(12, 768, 3072, 50257),
+    "gpt2-medium": ModelShape(24, 1024, 4096, 50257),
+    "qwen/qwen2.5-0.5b": ModelShape(24, 896, 4864, 151936),
+}
+
+
+def model_shape(config: dict) -> ModelShape:
+    """The model's shape without loading it (see the module docstring for the sources)."""
+    model = config["model"]
+    if model["name"] == "embedded":
+        arch = config["embedded"]["architecture"]
+        lang = config["embedded"]["language"]
+        # Random tokens, subjects, attributes and a few specials: a tiny vocabulary.
+        vocab = lang["n_random_tokens"] + lang["n_subjects"] + lang["n_attributes"] + 16
+        return ModelShape(arch["n_layers"], arch["d_model"], arch["d_mlp"], vocab)
+    cfg_file = Path(model["name"]) / "config.json"
+    if cfg_file.is_file():
+        hf = json.loads(cfg_file.read_text())
+        d = int(hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model") or 1024)
+        layers = hf.get("num_hidden_layers") or hf.get("n_layer") or hf.get("n_layers") or 24
+        d_mlp = int(hf.get("intermediate_size") or hf.get("n_inner") or 4 * d)
+        return ModelShape(int(layers), d, d_mlp, int(hf.get("vocab_size") or 50257))
+    known = KNOWN_MODELS.get(model["name"].lower())
+    if known:
+        return known
+    n_layers = model.get("n_layers") or max(config.get("layers") or [23]) + 1
+    return ModelShape(int(n_layers), 1024, 4096, 50257)
+
+
+def gpus(config: dict, rule: str) -> int:
+    """GPUs for one job: 1 for model and SAE work unless the config pins `device: cpu`."""
+    return int(rule in GPU_RULES and config.get("device") != "cpu")
+
+
+def threads(config: dict, rule: str) -> int:
+    """CPUs for one job. The embedded model's matrices are too small for a second thread to pay
+    (and OpenMP threads that find their core busy spin, slowing a job ~10x), so its jobs take one
+    core each and run side by side; real models use 8 per GPU (data loading, HDF5,
+    tokenisation), well within CSD3's 32 per GPU."""
+    small = config["model"]["name"] == "embedded"
+    n = 1 if small else (8 if gpus(config, rule) else 4)
+    return min(n, MAX_CPUS_PER_GPU * max(1, gpus(config, rule)))
+
+
+def _weights_mb(config: dict) -> int:
+    # Loading converts from the checkpoint on the host: budget three fp32 copies at peak.
+    return int(3 * 4 * model_shape(config).n_params / MB)
+
+
+def _sae_mb(config: dict) -> int:
+    sae = config.get("sae", {})
+    d_in = model_shape(config).d_model
+    d_sae = sae.get("d_sae") or sae.get("expansion_factor", 8) * d_in
+    buffer = sae.get("shuffle_buffer_tokens", 262144) * d_in * 4
+    # Encoder + decoder weights, their gradients and two Adam moments: 4 copies.
+    params = 4 * 2 * d_in * d_sae * 4
+    return int((buffer + params) / MB)
+
+
+def mem_mb(config: dict, rule: str, attempt: int = 1) -> int:
+    """Host memory (MB) for one job on its `attempt`-th try."""
+    if rule in ("provenance", "prompts", "train_model", "merge_capture"):
+        base = BASE_MEM_MB if rule != "provenance" else 1000
+    elif rule == "capture_tokens":
+        base = BASE_MEM_MB + 2000  # tokenising the corpus
+    elif rule == "train_sae":
+        # The model is loaded too, for the spliced cross-entropy metric.
+        base = BASE_MEM_MB + _weights_mb(config) + _sae_mb(config)
+    else:  # baseline, capture, attribution: the model plus activation buffers
+        base = BASE_MEM_MB + _weights_mb(config) + 2000
+    return int(base * attempt)
+
+
+def runtime(config: dict, rule: str, attempt: int = 1, cap: int | None = None) -> int:
+    """Walltime (minutes) for the `attempt`-th try, at most `cap` (the cluster's limit)."""
+    minutes = BASE_RUNTIME.get(rule, DEFAULT_RUNTIME)
+    size = max(1.0, model_shape(config).n_params / GPT2_PARAMS)
+    if rule in GPU_RULES or rule == "capture_tokens":
+        minutes *= size
+    if rule == "train_sae":
+        # ~10 minutes per million tokens for a GPT-2-sized SAE (pending the GPU benchmarks).
+        sae = config.get("sae", {})
+        minutes += 10 * sae.get("total_tokens", 1_000_000) / 1e6 * size
+    minutes = int(minutes * attempt)
+    return min(minutes, cap) if cap else minutes

@@ -1,0 +1,157 @@
+"""Attribution: fast unit tests on a tiny random model with random SAEs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from circuitflow import attribution as attr
+from circuitflow import circuit_graph
+
+N_LAYERS, N_HEADS, D_MODEL, VOCAB, SEQ = 2, 2, 16, 20, 6
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from sae_lens import StandardSAE, StandardSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    torch.manual_seed(0)
+    cfg = HookedTransformerConfig(
+        n_layers=N_LAYERS,
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        d_head=D_MODEL // N_HEADS,
+        d_mlp=32,
+        d_vocab=VOCAB,
+        n_ctx=SEQ,
+        act_fn="gelu",
+        normalization_type="LN",
+    )
+    model = HookedTransformer(cfg).eval()
+    saes = {}
+    for layer in range(N_LAYERS):
+        hook = attr.sae_hook("resid_post", layer)
+        sae_cfg = StandardSAEConfig(
+            d_in=D_MODEL, d_sae=32, metadata=SAEMetadata(hook_name=hook), device="cpu"
+        )
+        sae = StandardSAE(sae_cfg).eval()
+        with torch.no_grad():  # encoder = decoder.T so features actually fire
+            sae.W_enc.copy_(sae.W_dec.T)
+        saes[hook] = sae
+    rng = np.random.default_rng(0)
+    clean = rng.integers(0, VOCAB, size=(8, SEQ))
+    corrupted = clean.copy()
+    corrupted[:, :3] = rng.integers(0, VOCAB, size=(8, 3))
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": range(8),
+            "clean_tokens": list(clean),
+            "corrupted_tokens": list(corrupted),
+            "answer_id": rng.integers(0, VOCAB, 8),
+            "distractor_id": rng.integers(0, VOCAB, 8),
+        }
+    )
+    return model, saes, prompts
+
+
+def test_splice_keeps_clean_logits_and_matches_sae_lens(tiny):
+    model, saes, prompts = tiny
+    tokens = torch.tensor(np.stack(prompts["clean_tokens"]))
+    groups = attr.build_groups(N_LAYERS, [("resid_post", 0), ("resid_post", 1)])
+    with torch.no_grad():
+        plain = model(tokens)
+        ours = attr.forward(model, tokens, groups, saes)
+        with attr.sae_lens_spliced(model, saes) as hooked:
+            lens_logits, cache = hooked.run_with_cache(tokens)
+    torch.testing.assert_close(ours.logits, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lens_logits, plain, atol=1e-5, rtol=1e-5)
+    for hook in saes:
+        feats = ours.acts[hook + ".sae:feats"]
+        assert (feats > 0).any()
+        torch.testing.assert_close(feats, cache[hook + ".hook_sae_acts_post"], atol=1e-5, rtol=1e-5)
+
+
+def test_splice_keeps_gradients_of_the_plain_model(tiny):
+    """With the error term in the graph, upstream gradients equal the unspliced model's."""
+    model, saes, prompts = tiny
+    b = next(attr.iter_batches(prompts, 8, "cpu"))
+    groups = attr.build_groups(N_LAYERS, [("resid_post", 0), ("resid_post", 1)])
+    plain_groups = attr.build_groups(N_LAYERS, [])
+    grads = []
+    for gs, s in ((groups, saes), (plain_groups, {})):
+        run = attr.forward(model, b.clean, gs, s)
+        m = attr.logit_diff(run.logits, b.answer, b.distractor).sum()
+        grads.append(torch.autograd.grad(m, run.acts["blocks.0.attn.hook_z"])[0])
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["atp", "ig"])
+def test_fast_methods_against_exact(tiny, method):
+    model, saes, prompts = tiny
+    cfg = attr.AttributionConfig(method=method, ig_steps=16, exact_features=4, batch_size=4)
+    scores = attr.attribute(model, prompts, saes, cfg)
+    frame = scores.frame
+    assert {"head", "mlp", "embedding", "feature", "error"} <= set(frame["kind"])
+    heads = frame[frame["kind"] == "head"]
+    assert len(heads) == N_LAYERS * N_HEADS and heads["score_exact"].notna().all()
+    val = attr.validation(frame, method, 0.8)
+    assert val["n_nodes"] >= N_LAYERS * N_HEADS + N_LAYERS + 1
+    if method == "ig":
+        # Per-head IG integrates the head's own patch: it converges to exact patching.
+        np.testing.assert_allclose(heads["score_ig"], heads["score_exact"], atol=0.05, rtol=0.05)
+        emb = frame[frame["kind"] == "embedding"].iloc[0]
+        assert emb["score_ig"] == pytest.approx(emb["score_exact"], rel=0.05, abs=0.05)
+        assert val["spearman"] > 0.8
+    # Embedding patch = the whole clean - corrupted difference.
+    emb = frame[frame["kind"] == "embedding"].iloc[0]
+    assert emb["score_exact"] == pytest.approx(
+        scores.metric_clean - scores.metric_corrupted, abs=1e-4
+    )
+
+
+def test_graph_schema_pruning_and_html(tiny, tmp_path):
+    model, saes, prompts = tiny
+    cfg = attr.AttributionConfig(method="atp", exact_features=0, max_graph_nodes=10)
+    scores = attr.attribute(model, prompts, saes, cfg)
+    frame = attr.with_score(scores.frame, cfg.method)
+    nodes = circuit_graph.select_nodes(frame, cfg)
+    assert 1 <= len(nodes) <= 10
+    edges = circuit_graph.compute_edges(model, prompts, saes, scores.groups, nodes, cfg)
+    meta = {
+        "method": "atp",
+        "metric_clean": scores.metric_clean,
+        "metric_corrupted": scores.metric_corrupted,
+        "validation": {"spearman": None},
+    }
+    graph = circuit_graph.build_graph(nodes, edges, cfg, N_LAYERS, meta)
+    check_graph_schema(graph)
+    page = circuit_graph.graph_html(graph, "tiny")
+    assert "<svg" in page and "src=" not in page and "href=" not in page
+    json.dumps(graph)
+
+
+def test_cumulative_keep():
+    values = np.array([0.1, -5.0, 3.0, 1.0, 0.9])
+    assert sorted(circuit_graph.cumulative_keep(values, 0.8).tolist()) == [1, 2]
+    assert len(circuit_graph.cumulative_keep(values, 1.0)) == 5
+    assert circuit_graph.cumulative_keep(values, 1.0, cap=2).tolist() == [1, 2]
+
+
+def check_graph_schema(graph: dict) -> None:
+    kinds = {"embedding", "head", "mlp", "feature", "error", "logit"}
+    ids = set()
+    for n in graph["nodes"]:
+        assert {"id", "kind", "layer", "index", "score"} <= set(n)
+        assert n["kind"] in kinds and isinstance(n["layer"], int) and isinstance(n["score"], float)
+        ids.add(n["id"])
+    assert "logit" in ids
+    for e in graph["edges"]:
+        assert e["source"] in ids and e["target"] in ids and isinstance(e["weight"], float)
+    assert {"node_threshold", "edge_threshold"} <= set(graph["thresholds"])
+    assert graph["method"] in attr.METHODS

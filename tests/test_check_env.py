@@ -1,0 +1,65 @@
+"""scripts/check_env.py: passes on this CPU machine; fails with a clear list when a requirement
+is missing (a GPU the config asks for, bf16 on a GPU without it, a package, disk)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+from circuitflow import check_env
+
+
+def _script(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_env.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def test_passes_on_cpu(tmp_path):
+    out = tmp_path / "check.json"
+    done = _script("--device", "cpu", "--outdir", str(tmp_path), "--min-free-gb", "0.1",
+                   "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all requirements met" in done.stdout
+    names = {c["name"] for c in json.loads(out.read_text())["checks"]}
+    assert {"python", "package torch", "cuda available", "bf16 on GPU", "tiny forward pass",
+            "tiny SAE step"} <= names  # fmt: skip
+
+
+def test_cuda_without_gpu_fails_clearly(tmp_path):
+    out = tmp_path / "check.json"
+    done = _script("--device", "cuda", "--outdir", str(tmp_path), "--min-free-gb", "0.1",
+                   "--json", str(out))  # fmt: skip
+    checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    if checks["cuda available"]["value"]:
+        assert done.returncode == 0, done.stdout  # a GPU machine: device: cuda works here
+        return
+    assert done.returncode == 1
+    assert "requirement(s) not met" in done.stdout
+    assert "config device: device: cuda but torch sees no GPU" in done.stdout
+
+
+def test_bf16_on_old_gpu_is_caught():
+    facts = {"cuda_available": True, "bf16": False,
+             "gpus": [{"name": "Tesla V100", "memory_gib": 32.0, "capability": "7.0"}]}  # fmt: skip
+    device, checks = check_env.resolve_device({"device": "auto", "model": {"dtype": "bfloat16"}},
+                                              facts)  # fmt: skip
+    assert device == "cuda"
+    bad = check_env.failures(checks)
+    assert [c["name"] for c in bad] == ["config dtype"]
+    assert "Tesla V100 does not support bf16" in bad[0]["detail"]
+
+
+def test_missing_package_and_disk_are_listed(monkeypatch, tmp_path):
+    monkeypatch.setattr(check_env, "REQUIRED_PACKAGES", ("torch", "no-such-package-xyz"))
+    checks = check_env.check_packages() + [check_env.check_disk(tmp_path / "new", 1e9)]
+    text = check_env.format_checks(checks)
+    assert "package no-such-package-xyz: missing" in text
+    assert "free disk under" in text and "2 requirement(s) not met" in text

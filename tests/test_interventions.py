@@ -1,0 +1,343 @@
+"""Interventions: fast unit tests on a tiny random model with random SAEs. Each ablation kind is
+checked against a hand-written hook, the circuit curves against their end points, and the stage's
+tables against their schemas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from circuitflow import attribution as attr
+from circuitflow import circuit_graph
+from circuitflow import interventions as iv
+from circuitflow.ablation import Intervener, Node, component_nodes
+
+N_LAYERS, N_HEADS, D_MODEL, VOCAB, SEQ, N_PROMPTS = 2, 2, 16, 20, 6, 12
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from sae_lens import StandardSAE, StandardSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = HookedTransformerConfig(
+        n_layers=N_LAYERS,
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        d_head=D_MODEL // N_HEADS,
+        d_mlp=32,
+        d_vocab=VOCAB,
+        n_ctx=SEQ,
+        act_fn="gelu",
+        normalization_type="LN",
+    )
+    model = HookedTransformer(cfg).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    saes = {}
+    for layer in range(N_LAYERS):
+        hook = attr.sae_hook("resid_post", layer)
+        sae_cfg = StandardSAEConfig(
+            d_in=D_MODEL, d_sae=32, metadata=SAEMetadata(hook_name=hook), device="cpu"
+        )
+        sae = StandardSAE(sae_cfg).eval()
+        with torch.no_grad():  # encoder = decoder.T so features actually fire
+            sae.W_enc.copy_(sae.W_dec.T)
+        for p in sae.parameters():
+            p.requires_grad_(False)
+        saes[hook] = sae
+    rng = np.random.default_rng(0)
+    clean = rng.integers(0, VOCAB, size=(N_PROMPTS, SEQ))
+    corrupted = clean.copy()
+    corrupted[:, :3] = rng.integers(0, VOCAB, size=(N_PROMPTS, 3))
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": range(N_PROMPTS),
+            "clean_tokens": list(clean),
+            "corrupted_tokens": list(corrupted),
+            "answer_id": rng.integers(0, VOCAB, N_PROMPTS),
+            "distractor_id": rng.integers(0, VOCAB, N_PROMPTS),
+        }
+    )
+    return model, saes, prompts
+
+
+def tokens(prompts, col="clean_tokens"):
+    return torch.tensor(np.stack(prompts[col].to_list()))
+
+
+def logit_diff_with(model, prompts, hooks) -> np.ndarray:
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens(prompts))
+    ans = torch.tensor(prompts["answer_id"].to_numpy())
+    dis = torch.tensor(prompts["distractor_id"].to_numpy())
+    return attr.logit_diff(logits, ans, dis).numpy()
+
+
+def cached(model, prompts, hook, col="clean_tokens"):
+    _, cache = model.run_with_cache(tokens(prompts, col), names_filter=hook)
+    return cache[hook]
+
+
+def test_node_ids_match_the_attribution_graph():
+    rows = [
+        {"kind": "embedding", "layer": -1, "index": -1, "site": None},
+        {"kind": "head", "layer": 1, "index": 3, "site": None},
+        {"kind": "mlp", "layer": 0, "index": -1, "site": None},
+        {"kind": "feature", "layer": 2, "index": 17, "site": "resid_post"},
+    ]
+    nodes = [
+        Node("embedding"),
+        Node("head", 1, 3),
+        Node("mlp", 0),
+        Node("feature", 2, 17, "resid_post"),
+    ]
+    for row, node in zip(rows, nodes, strict=True):
+        assert node.id == circuit_graph.node_id(row)
+        assert Node.parse(node.id) == node
+    assert len(component_nodes(2, 4)) == 1 + 2 * (4 + 1)
+
+
+def test_no_ablation_is_the_clean_model(tiny):
+    model, _, prompts = tiny
+    out = Intervener(model, prompts, "mean", batch_size=5).run(())
+    np.testing.assert_allclose(out.logit_diff, logit_diff_with(model, prompts, []), atol=1e-5)
+    assert out.correct.dtype == bool and len(out.mean_logits) == VOCAB
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean", "resample"])
+def test_head_ablation_kinds_match_a_hand_written_hook(tiny, kind):
+    """The ablated head's hook_z becomes 0, its position-wise mean over the clean prompts, or its
+    value on a permuted corrupted prompt; other heads are untouched."""
+    model, _, prompts = tiny
+    hook, head = "blocks.1.attn.hook_z", 1
+    if kind == "zero":
+        value = torch.zeros_like(cached(model, prompts, hook))
+    elif kind == "mean":
+        value = cached(model, prompts, hook).mean(0, keepdim=True).expand(N_PROMPTS, -1, -1, -1)
+    else:
+        perm = np.random.default_rng([7, N_PROMPTS, SEQ]).permutation(N_PROMPTS)
+        value = cached(model, prompts, hook, "corrupted_tokens")[torch.as_tensor(perm)]
+
+    def manual(act, hook):
+        act = act.clone()
+        act[:, :, head] = value[:, :, head]
+        return act
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, kind, batch_size=5).run([Node("head", 1, head)], seed=7)
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+    assert not np.allclose(expected, logit_diff_with(model, prompts, []))
+
+
+def test_mean_reference_corrupted_and_whole_components(tiny):
+    model, _, prompts = tiny
+    hook = "blocks.0.hook_mlp_out"
+    value = cached(model, prompts, hook, "corrupted_tokens").mean(0, keepdim=True)
+
+    def manual(act, hook):
+        return value.expand_as(act).clone()
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, "mean", "corrupted").run([Node("mlp", 0)])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+
+
+def test_feature_ablation_equals_a_spliced_sae_with_the_feature_replaced(tiny):
+    """x + (0 - a_f) W_dec[f] is the SAE splice (error term kept) with feature f zeroed."""
+    model, saes, prompts = tiny
+    hook = attr.sae_hook("resid_post", 0)
+    sae = saes[hook]
+    acts = sae.encode(cached(model, prompts, hook))
+    f = int(acts.flatten(0, 1).gt(0).sum(0).argmax())  # a feature that fires
+    groups = attr.build_groups(N_LAYERS, [("resid_post", 0)])
+
+    def zero_f(feats):
+        feats = feats.clone()
+        feats[..., f] = 0
+        return feats
+
+    with torch.no_grad():
+        run = attr.forward(
+            model, tokens(prompts), groups, {hook: sae}, {hook + ".sae:feats": zero_f}
+        )
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    expected = attr.logit_diff(run.logits, ans, dis).numpy()
+    node = Node("feature", 0, f, "resid_post")
+    out = Intervener(model, prompts, "zero", saes=saes).run([node])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-4)
+
+
+def test_steering_adds_the_vector_after_bos(tiny):
+    model, _, prompts = tiny
+    hook = "blocks.0.hook_resid_post"
+    vec = torch.randn(D_MODEL, generator=torch.Generator().manual_seed(1))
+
+    def manual(act, hook):
+        act = act.clone()
+        act[:, 1:] += 3.0 * vec
+        return act
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, "mean").run((), steer=[(hook, 3.0 * vec)])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+
+
+def test_circuit_curve_end_points_and_seeds(tiny):
+    """Empty circuit: faithfulness 0, completeness 0; the whole model: both 1. Reruns give the
+    same numbers; resample ablation differs between seeds."""
+    model, _, prompts = tiny
+    cfg = iv.InterventionsConfig(n_random_circuits=3, n_seeds=2)
+    ranked = component_nodes(N_LAYERS, N_HEADS)
+    sizes = iv.circuit_sizes(len(ranked), cfg, [])
+    assert sizes == list(range(len(ranked) + 1))
+
+    def curves():
+        runs = iv.Runs(Intervener(model, prompts, "mean"), iv.seeds_for(cfg, 0))
+        return iv.circuit_curves(runs, ranked, sizes, cfg, 0)
+
+    c = curves()
+    top = c[c["circuit"] == "top"].set_index("n")
+    assert top.loc[0, "faithfulness"] == pytest.approx(0, abs=1e-9)
+    assert top.loc[0, "completeness"] == pytest.approx(0, abs=1e-9)
+    assert top.loc[len(ranked), "faithfulness"] == pytest.approx(1)
+    assert top.loc[len(ranked), "completeness"] == pytest.approx(1)
+    rand = c[c["circuit"] == "random"]
+    assert (rand.groupby("n").size() == 3).all()
+    assert (rand["nodes"].map(len) == rand["n"]).all()
+    pd.testing.assert_frame_equal(c, curves())
+
+    resample = iv.Runs(Intervener(model, prompts, "resample"), [0, 1])
+    a, b = resample.get([Node("mlp", 0)], 0), resample.get([Node("mlp", 0)], 1)
+    assert not np.allclose(a.logit_diff, b.logit_diff)
+    eff = resample.effect([Node("mlp", 0)], 0.95)
+    assert eff["score_ci_low"] <= eff["score_ci_high"] and eff["score_std"] > 0
+
+
+def test_statistics():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    low, high, p = iv.t_interval(x, 0.95)
+    assert low < 2.5 < high and 0 < p < 0.05
+    assert iv.t_interval(np.zeros(5), 0.95) == (0.0, 0.0, 1.0)
+    np.testing.assert_array_equal(iv.bootstrap_rows(10, 3), iv.bootstrap_rows(10, 3))
+    assert not np.array_equal(iv.bootstrap_rows(50, 3), iv.bootstrap_rows(50, 4))
+
+
+HEAD_COLUMNS = {
+    "ablation", "layer", "head", "score", "score_std", "score_ci_low", "score_ci_high",
+    "p_value", "drop_frac", "drop_frac_std", "logit_diff", "accuracy", "accuracy_change",
+    "accuracy_change_std", "calibration_error", "calibration_error_change",
+    "attribution_score", "rank",
+}  # fmt: skip
+CIRCUIT_COLUMNS = {
+    "ablation", "circuit", "n", "draw", "faithfulness", "faithfulness_std", "completeness",
+    "completeness_std", "m_circuit", "m_complement", "m_full", "m_empty", "nodes",
+}  # fmt: skip
+SET_COLUMNS = {"ablation", "set", "size", "heads", "layer", "head", "score", "score_std",
+               "drop_frac", "additive", "interaction", "accuracy_change"}  # fmt: skip
+FEATURE_COLUMNS = {"ablation", "site", "layer", "feature", "set", "score", "score_std",
+                   "drop_frac", "attribution_score"}  # fmt: skip
+STEER_COLUMNS = {"ablation", "site", "layer", "feature", "direction", "alpha", "logit_diff",
+                 "logit_diff_change", "accuracy", "top1_changed", "top_tokens",
+                 "top_token_logit_change", "decoder_norm"}  # fmt: skip
+SUMMARY_KEYS = {
+    "behaviour", "ablation", "faithfulness", "completeness", "circuit_size", "circuit",
+    "smallest_faithful_size", "faithfulness_threshold", "random_faithfulness",
+    "random_completeness", "faithfulness_curve", "completeness_curve", "seeds", "n_prompts",
+    "logit_diff_clean", "logit_diff_empty", "top_heads", "seconds",
+}  # fmt: skip
+
+
+def check_outputs(d, n_layers: int, n_heads: int, with_features: bool = True) -> dict:
+    """Schemas of one behaviour's interventions directory; returns summary.json."""
+    summary = json.loads((d / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
+    heads = pd.read_parquet(d / "heads.parquet")
+    assert HEAD_COLUMNS <= set(heads.columns), HEAD_COLUMNS - set(heads.columns)
+    assert len(heads) == n_layers * n_heads
+    assert (heads["ablation"] == summary["ablation"]).all()
+    circuits = pd.read_parquet(d / "circuits.parquet")
+    assert CIRCUIT_COLUMNS <= set(circuits.columns)
+    assert set(circuits["circuit"]) == {"top", "random"}
+    sets = pd.read_parquet(d / "head_sets.parquet")
+    assert SET_COLUMNS <= set(sets.columns)
+    assert set(sets["set"]) == {"top_k", "random"} and set(sets["size"]) == {2, 3}
+    if with_features:
+        feats = pd.read_parquet(d / "features.parquet")
+        assert FEATURE_COLUMNS <= set(feats.columns) and set(feats["set"]) == {"top", "random"}
+        steer = pd.read_parquet(d / "steering.parquet")
+        assert STEER_COLUMNS <= set(steer.columns)
+        assert set(steer["direction"]) == {"feature", "random"}
+        zero = steer[steer["alpha"] == 0]
+        assert (zero["logit_diff_change"].abs() < 1e-9).all()
+    for png in ("faithfulness.png", "heads.png", "head_sets.png", "steering.png"):
+        assert (d / png).stat().st_size > 1000
+    return summary
+
+
+def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
+    model, saes, prompts = tiny
+    acfg = attr.AttributionConfig(method="atp", exact_features=0)
+    scores = attr.attribute(model, prompts, saes, acfg)
+    frame = attr.with_score(scores.frame, "atp")
+    adir = tmp_path / "attribution" / "b"
+    adir.mkdir(parents=True)
+    attr.heads_table(frame).to_parquet(adir / "heads.parquet")
+    attr.components_table(frame).to_parquet(adir / "components.parquet")
+    attr.features_table(frame).to_parquet(adir / "features.parquet")
+    (adir / "graph.json").write_text(json.dumps({"nodes": [{"kind": "head"}, {"kind": "mlp"}]}))
+    cfg = iv.InterventionsConfig(
+        n_seeds=2, n_random_circuits=3, top_k_heads=3, n_random_sets=2, n_features=2,
+        n_random_features=2, steering_alphas=(-2.0, 0.0, 2.0),
+    )  # fmt: skip
+    out = tmp_path / "interventions" / "b"
+    summary = iv.run_stage(model, prompts, adir, saes, None, cfg, "b", out, base_seed=0)
+    assert summary["circuit_size"] == 2 and summary["circuit_size_source"] == "attribution graph"
+    assert len(summary["circuit"]) == 2
+    on_disk = check_outputs(out, N_LAYERS, N_HEADS)
+    assert on_disk["faithfulness"] == pytest.approx(summary["faithfulness"])
+    sets = pd.read_parquet(out / "head_sets.parquet")
+    assert (sets[sets["set"] == "top_k"]["size"].value_counts().sort_index() == [3, 1]).all()
+
+    # The same stage again: the seeds give the same numbers.
+    again = tmp_path / "again"
+    iv.run_stage(model, prompts, adir, saes, None, cfg, "b", again, base_seed=0)
+    for name in ("heads", "circuits", "head_sets", "features", "steering"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / f"{name}.parquet"), pd.read_parquet(again / f"{name}.parquet")
+        )
+
+    # The cross-behaviour table, through the script's command line.
+    table, fig = tmp_path / "across.parquet", tmp_path / "across.png"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "interventions.py"), "across",
+         "--behaviours", "b", "c", "--heads", str(out / "heads.parquet"),
+         str(again / "heads.parquet"), "--out", str(table), "--out-figure", str(fig)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    across = pd.read_parquet(table)
+    assert {"behaviour", "layer", "head", "score", "drop_frac", "specificity"} <= set(across)
+    assert len(across) == 2 * N_LAYERS * N_HEADS
+    assert across["specificity"].abs().max() < 1e-9  # the same table twice
+    assert fig.stat().st_size > 1000
+
+
+def test_script_help_and_bad_config():
+    script = str(REPO / "scripts" / "interventions.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "behaviour" in done.stdout
+    with pytest.raises(ValueError, match="unknown keys"):
+        iv.InterventionsConfig.from_dict({"ablate": "zero"})
+    with pytest.raises(ValueError, match="allowed values"):
+        Intervener(None, pd.DataFrame(), "median")

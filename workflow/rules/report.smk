@@ -1,0 +1,205 @@
+# Report pages: summary tables and figures of every stage, the cost of every job and the
+# provenance checklist, for `snakemake --report`. Run after the stages; job_costs runs last.
+
+
+rule sae_summary:
+    input:
+        sae_outputs(),
+    output:
+        csv=f"{REPORT}/sae_metrics.csv",
+        html=report(
+            f"{REPORT}/sae_metrics.html",
+            caption="../report/sae_metrics_table.rst",
+            category="SAEs",
+            labels={"layer": "all", "figure": "metrics table"},
+        ),
+        figure=report(
+            f"{REPORT}/sae_metrics.png",
+            caption="../report/sae_metrics.rst",
+            category="SAEs",
+            labels={"layer": "all", "figure": "metrics per layer"},
+        ),
+        controller=report(
+            f"{REPORT}/sae_controller.png",
+            caption="../report/sae_controller.rst",
+            category="SAEs",
+            labels={"layer": "all", "figure": "L0 controller history"},
+        ),
+    log:
+        f"{OUT}/logs/report/sae_summary.log",
+    benchmark:
+        f"{OUT}/benchmarks/sae_summary.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    shell:
+        stage("report_tables") + " sae --saes {input} --out-csv {output.csv}"
+        " --out-html {output.html} --out-figure {output.figure}"
+        " --out-controller {output.controller} 2> {log}"
+
+
+rule report_baseline:
+    input:
+        baseline_outputs(),
+    output:
+        csv=f"{REPORT}/baseline.csv",
+        html=report(
+            f"{REPORT}/baseline.html",
+            caption="../report/baseline_table.rst",
+            category="Baseline",
+            labels={"behaviour": "all", "figure": "metrics table"},
+        ),
+    log:
+        f"{OUT}/logs/report/baseline.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_baseline.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    shell:
+        stage("report_tables") + " baseline --json {input} --out-csv {output.csv}"
+        " --out-html {output.html} 2> {log}"
+
+
+rule report_behaviour:
+    input:
+        attribution=f"{ATTR}/{{behaviour}}/graph.json",
+        interventions=f"{IV}/{{behaviour}}/summary.json",
+    output:
+        report(
+            f"{REPORT}/{{behaviour}}/tables.html",
+            caption="../report/behaviour_tables.rst",
+            category="Tables",
+            labels={
+                "behaviour": "{behaviour}",
+                "figure": "attribution and ablation tables",
+            },
+        ),
+    log:
+        f"{OUT}/logs/report/{{behaviour}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_behaviour/{{behaviour}}.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        attr_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
+        iv_dir=lambda wc: f"{IV}/{wc.behaviour}",
+    shell:
+        stage("report_tables") + " behaviour --behaviour {wildcards.behaviour}"
+        " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
+        " --out-html {output} 2> {log}"
+
+
+rule report_provenance:
+    input:
+        provenance_outputs(),
+        provenance_run_outputs(),
+    output:
+        report(
+            f"{REPORT}/provenance.html",
+            caption="../report/provenance.rst",
+            category="Provenance",
+            labels={"figure": "reproducibility checklist"},
+        ),
+    log:
+        f"{OUT}/logs/report/provenance.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_provenance.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        prov_dir=lambda wc, input: Path(input[0]).parent,
+    shell:
+        stage("report_tables") + " provenance --provenance-dir {params.prov_dir}"
+        " --out-html {output} 2> {log}"
+
+
+# Last: every other job's benchmark file exists once its outputs do.
+rule job_costs:
+    input:
+        stages=stage_outputs(),
+        report=[
+            f"{REPORT}/sae_metrics.csv",
+            f"{REPORT}/baseline.csv",
+            f"{REPORT}/provenance.html",
+            *expand(f"{REPORT}/{{behaviour}}/tables.html", behaviour=BEHAVIOURS),
+        ],
+        environment=f"{OUT}/provenance/environment.json",
+    output:
+        csv=f"{REPORT}/job_costs.csv",
+        html=report(
+            f"{REPORT}/job_costs.html",
+            caption="../report/job_costs_table.rst",
+            category="Job costs",
+            labels={"figure": "table"},
+        ),
+        figure=report(
+            f"{REPORT}/job_costs.png",
+            caption="../report/job_costs.rst",
+            category="Job costs",
+            labels={"figure": "wall time and memory"},
+        ),
+    log:
+        f"{OUT}/logs/report/job_costs.log",
+    benchmark:
+        f"{OUT}/benchmarks/job_costs.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        cfg=config_json("device", "model", "embedded", "sites", "behaviours"),
+    shell:
+        stage("job_costs")
+        + " --config {params.cfg} --outdir "
+        + OUT
+        + " --environment {input.environment} --out-csv {output.csv}"
+        " --out-html {output.html} --out-figure {output.figure} 2> {log}"
+
+
+# `snakemake check`: requirements and a smoke test on the device the stages would use (not part
+# of `all`; always runs). Same resources as baseline, so on Slurm it lands on a GPU node.
+rule check:
+    log:
+        f"{OUT}/logs/check.log",
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        **job_resources("baseline"),
+    params:
+        cfg=config_json("outdir", "device", "model"),
+    shell:
+        stage("check_env")
+        + " --config {params.cfg} --json "
+        + OUT
+        + "/provenance/check_env.json"
+        " 2>&1 | tee {log}"
