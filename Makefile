@@ -10,7 +10,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: install run test lint format clean
+.PHONY: install run test lint format clean report check
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,13 @@ $(VENV)/.installed: pyproject.toml
 
 run: install
 	$(ACTIVATE) snakemake --cores $(CORES)
+
+report: install
+	$(ACTIVATE) snakemake --cores $(CORES)
+	$(ACTIVATE) snakemake --report results/report.html
+
+check: install
+	$(ACTIVATE) snakemake --cores 1 check
 
 test: install
 	$(ACTIVATE) pytest -q

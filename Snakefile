@@ -29,7 +29,7 @@ rule all:
     input:
         baseline_outputs(),
         provenance_outputs(),
-        CAPTURE_OUTPUTS,
+        capture_outputs(),
         sae_outputs(),
         attribution_outputs(),
         interventions_outputs(),

@@ -2,7 +2,7 @@
 function shown(){return [...document.querySelectorAll('img,iframe')].map(e=>e.getAttribute('src')||'')
   .map(s=>(s.match(/filename=([^;]+);/)||[])[1]).filter(f=>f&&f!=='logo.svg')}
 function act(t){
-  if(t==='back'){const a=[...document.querySelectorAll('nav a')].find(e=>e.textContent.trim()==='Results');
+  if(t==='back'){const a=document.querySelector('nav ol a');  // the breadcrumb's home link
     if(a){a.click();return}}
   else if(t.startsWith('row:')){const want=t.slice(4).split('|');
     const tr=[...document.querySelectorAll('tr')].find(r=>want.every(w=>[...r.querySelectorAll('td')]

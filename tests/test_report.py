@@ -17,11 +17,15 @@ import pytest
 from conftest import REPO, SNAKEMAKE
 from report_runs import small_run
 
-# (category, row labels of the result, file shown)
+# (category[/subcategory], row labels of the result, file shown)
 SHOWN = [
     ("Model", ["training loss"], "training_loss.png"),
-    ("Baseline", ["induction", "logit difference and calibration"], "induction_calibration.png"),
-    ("Baseline", ["all", "metrics table"], "baseline.html"),
+    (
+        "Baseline/Figures",
+        ["induction", "logit difference and calibration"],
+        "induction_calibration.png",
+    ),
+    ("Baseline/Summary", ["all", "metrics table"], "baseline.html"),
     ("SAEs", ["metrics per layer"], "sae_metrics.png"),
     ("SAEs", ["L0 controller history"], "sae_controller.png"),
     ("SAEs", ["metrics table"], "sae_metrics.html"),
@@ -32,6 +36,7 @@ SHOWN = [
     ("Interventions", ["induction", "single-head ablation"], "heads.png"),
     ("Interventions", ["induction", "head pairs and triplets"], "head_sets.png"),
     ("Interventions", ["induction", "feature steering"], "steering.png"),
+    ("Interventions", ["all", "head effects across behaviours"], "heads_across_behaviours.png"),
     ("Tables", ["induction", "attribution and ablation tables"], "tables.html"),
     ("Job costs", ["wall time and memory"], "job_costs.png"),
     ("Job costs", ["table"], "job_costs.html"),
@@ -100,6 +105,7 @@ def report_html(tmp_path_factory) -> Path:
     return report
 
 
+@pytest.mark.slow
 def test_report_pages_and_provenance_files(report_html):
     results = report_html.parent / "results"
     for name in ("hashes.json", "slurm_jobs.json", "pip_freeze.txt", "run.json",
@@ -117,11 +123,12 @@ def test_report_pages_and_provenance_files(report_html):
     assert report_html.stat().st_size > 100_000
 
 
+@pytest.mark.slow
 def test_report_in_chromium(report_html, tmp_path):
     browser = chromium()
     steps = []
     for category, labels, _ in SHOWN:
-        steps += [category, "row:" + "|".join(labels), "back"]
+        steps += [*category.split("/"), "row:" + "|".join(labels), "back"]
     page = with_steps(report_html, steps, tmp_path / "report_steps.html")
     done = browse(browser, page, "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -150,3 +157,34 @@ def test_report_in_chromium(report_html, tmp_path):
         pixels = matplotlib.image.imread(shot)
         assert pixels.shape[:2] == (1000, 1400) and pixels.std() > 0.05, name
     print(f"screenshots in {tmp_path}")
+
+
+def test_failed_jobs_and_sacct_parsing(tmp_path, monkeypatch):
+    from circuitflow import provenance
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    out = tmp_path / "results"
+    (log_dir / "2026-01-01T000000.snakemake.log").write_text(
+        "Error in rule train_sae:\n"
+        "    message: SLURM-job '16' failed, SLURM status is: 'TIMEOUT'.\n"
+        "    jobid: 4\n"
+        f"    output: {out}/saes/resid_post/layer_1\n"
+        f"    log: {out}/logs/train_sae/l1.log (check log file(s) for error details)\n"
+        "Error in rule baseline:\n"
+        "    jobid: 5\n"
+        "    output: /elsewhere/results/baseline/x.json\n"
+    )
+    sacct = (
+        "16|uuid|rule_train_sae_wildcards_resid_post_1|TIMEOUT|0:0|00:10:00|a|b|ampere|||1G|/w\n"
+    )
+    rows = provenance.parse_sacct(sacct)
+    assert rows[0]["jobid"] == "16" and rows[0]["state"] == "TIMEOUT"
+    failed = provenance.failed_jobs(log_dir, out, None, {"jobs": [rows[0] | {"rule": "train_sae"}]})
+    assert [(f["source"], f["rule"]) for f in failed] == [
+        (".snakemake/log/2026-01-01T000000.snakemake.log", "train_sae"),
+        ("sacct", "train_sae"),
+    ]
+    assert "TIMEOUT" in failed[0]["reason"] and "TIMEOUT" in failed[1]["reason"]
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert provenance.slurm_jobs(tmp_path, None)["jobs"] == []

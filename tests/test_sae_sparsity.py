@@ -57,3 +57,27 @@ def test_anti_windup_and_bounds():
     for step in range(205, 600):
         c.observe(step, 0.0)
     assert 0.01 <= c.coefficient < 0.02  # pinned at coef_min, again within one step
+
+
+def test_jumprelu_sae_reaches_target_l0(tmp_path):
+    # JumpReLU with the default quadratic L0 loss: with SAELens's "step" loss, L0 fell to half the
+    # target and stayed there however far the controller lowered the coefficient.
+    model = tiny_model()
+    acts = write_capture(model, tmp_path / "layer_0.h5")
+    cfg = SAETrainConfig.from_dict(
+        {
+            "architecture": "jumprelu",
+            "target_l0": 8,
+            "total_tokens": 300_000,
+            "batch_size": 512,
+            "eval_contexts": 32,
+        }
+    )
+    metrics = train_sae(acts, tmp_path / "out", cfg, model)
+    assert metrics["l0"] == pytest.approx(8, rel=0.15)
+    hist = metrics["controller_history"]
+    assert hist[0]["l0"] > 50
+    assert hist[-1]["l0"] == pytest.approx(8, rel=0.15)
+    assert metrics["sparsity_coefficient"] == "l0"
+    assert metrics["explained_variance"] > 0.8
+    assert metrics["dead_fraction"] < 0.2

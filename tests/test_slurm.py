@@ -211,7 +211,7 @@ SLURM_TINY = {
 def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     """Every job of the DAG goes through sbatch (sacct: COMPLETED, right partition and account),
     one job per SAE layer; then a train_sae job with too short a walltime is stopped by Slurm,
-    checkpoints on SIGTERM, and its retry resumes and finishes."""
+    checkpoints on SIGTERM, and its retry resumes and finishes. About 10 minutes on 2 cores."""
     workdir = tmp_path / "run"
     t0 = time.monotonic()
     done = run_snakemake(SLURM_TINY, workdir, "--profile", "profiles/local-slurm")
@@ -234,12 +234,16 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
         assert all(states[i][1] == partition for i in job_ids), (key, states)
         assert all(states[i][2] == "circuitflow-test" for i in job_ids)
 
-    # Walltime: layer 1 again, with more tokens than fit before the first attempt's SIGTERM
-    # (3-minute walltime, --signal=TERM@120: ~1 minute in, +-30 s; ~5k tokens/s on 2 busy cores).
-    # train_sae checkpoints and exits 75; attempt 2 (30 minutes) resumes and finishes.
+    # Walltime: layer 1 again, with more tokens than fit before the first attempt's SIGTERM:
+    # a 4-minute walltime with --signal=TERM@120 signals it 1.5-2.5 minutes in (Slurm checks
+    # limits every 30 s; a 3-minute walltime sometimes signalled it before training had
+    # started). Tokens/s vary tenfold with the load, so size the run from the first SAE's speed:
+    # 350 s of it. train_sae checkpoints and exits 75; attempt 2 (30 minutes) resumes.
     sae_dir = results / "saes" / "resid_post" / "layer_1"
+    speed = json.loads((sae_dir / "metrics.json").read_text())["tokens_per_s"]
+    tokens = max(200_000, int(speed * 350) // 512 * 512)
     shutil.rmtree(sae_dir)
-    cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": 700_000}}
+    cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": tokens}}
     t0 = time.monotonic()
     done = run_snakemake(
         cfg,
@@ -251,7 +255,7 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
         "--rerun-triggers",
         "mtime",
         "--set-resources",
-        "train_sae:runtime=3 if attempt == 1 else 30",
+        "train_sae:runtime=4 if attempt == 1 else 30",
     )
     print(f"walltime run: {time.monotonic() - t0:.0f} s")
     log = done.stdout + done.stderr

@@ -174,7 +174,11 @@ def parse_sacct(text: str) -> list[dict]:
 
 def slurm_jobs(workdir: Path | str, since: datetime | None) -> dict:
     """This pipeline's Slurm jobs from `sacct` (those submitted from `workdir` since `since`),
-    with states and elapsed times; an empty list and the reason when there is no accounting."""
+    with states and elapsed times, when this job runs under Slurm; else an empty list and the
+    reason (a local run, or no accounting)."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        # A local run (other pipelines' jobs from the same directory must not be listed).
+        return {"source": None, "jobs": [], "reason": "not run on Slurm (local execution)"}
     if shutil.which("sacct") is None:
         return {"source": None, "jobs": [], "reason": "not on Slurm: no sacct on this machine"}
     cmd = [
@@ -194,12 +198,15 @@ def slurm_jobs(workdir: Path | str, since: datetime | None) -> dict:
         reason = done.stderr.strip().splitlines()[-1:] or ["no message"]
         return {"source": "sacct", "jobs": [], "reason": f"sacct failed: {reason[0]}"}
     workdir = str(Path(workdir).resolve())
-    jobs = [
-        row
-        for row in parse_sacct(done.stdout)
-        if row.get("workdir", "").rstrip("/") == workdir
-        and row.get("comment", "").startswith("rule_")
-    ]
+    # Snakemake's Slurm plugin names jobs by the run's UUID and, where the cluster stores
+    # comments, puts `rule_<rule>_wildcards_<...>` in the comment.
+    jobs = []
+    for row in parse_sacct(done.stdout):
+        if row.get("workdir", "").rstrip("/") != workdir:
+            continue
+        comment = row.get("comment", "")
+        row["rule"] = comment[5:].split("_wildcards_")[0] if comment.startswith("rule_") else ""
+        jobs.append(row)
     reason = "" if jobs else f"sacct lists no circuitflow jobs from {workdir} since {since}"
     return {"source": "sacct", "command": " ".join(cmd), "jobs": jobs, "reason": reason}
 
@@ -243,7 +250,7 @@ def failed_jobs(
             failed.append(
                 {
                     "source": "sacct",
-                    "rule": job.get("comment", ""),
+                    "rule": job.get("rule") or job.get("jobname", ""),
                     "output": f"Slurm job {job.get('jobid', '')}",
                     "reason": f"{job.get('state')} (exit {job.get('exitcode')})",
                     "log": "",
@@ -278,10 +285,20 @@ def seeds(config: dict) -> dict:
 
 
 def run_started(outdir: Path | str) -> datetime | None:
-    """When this run's first job started: the oldest stage log (a little earlier, for safety)."""
-    from datetime import timedelta
+    """When this run's first job started: the earliest benchmark file's time minus its wall
+    time (a benchmark is written when its job ends), else the oldest stage log; a minute early."""
+    import csv
 
-    logs = [p.stat().st_mtime for p in Path(outdir, "logs").rglob("*") if p.is_file()]
-    if not logs:
+    starts = []
+    for path in Path(outdir, "benchmarks").rglob("*.tsv"):
+        try:
+            with open(path) as handle:
+                rows = list(csv.DictReader(handle, delimiter="\t"))
+            starts.append(path.stat().st_mtime - float(rows[-1]["s"]))
+        except (OSError, KeyError, IndexError, ValueError):
+            continue
+    if not starts:
+        starts = [p.stat().st_mtime for p in Path(outdir, "logs").rglob("*") if p.is_file()]
+    if not starts:
         return None
-    return datetime.fromtimestamp(min(logs)) - timedelta(hours=1)
+    return datetime.fromtimestamp(min(starts) - 60)

@@ -74,6 +74,31 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class JumpReLUConfig:
+    """JumpReLU training knobs (``sae.jumprelu``), passed to SAELens's JumpReLUTrainingSAEConfig.
+
+    Defaults differ from SAELens's ("step" loss, no pre-activation loss) on purpose. With the
+    "step" L0 loss the penalty only ever pushes thresholds up, and Adam moves a threshold by ~lr
+    per step whatever the size of its gradient, so once L0 undershoots the target no reduction of
+    the coefficient brings it back (measured on the embedded default: L0 4.6 for a target of 16,
+    coefficient 50x below its start). The "quadratic" loss, ``2/target * (l0 - target)^2`` per
+    token, pushes thresholds down below the target, and the PI controller then only trims its
+    stiffness; the pre-activation loss revives latents whose threshold has drifted above every
+    pre-activation (the straight-through gradient is zero there, so they cannot come back alone).
+    """
+
+    init_threshold: float = 0.01
+    bandwidth: float = 0.05
+    sparsity_loss_mode: Literal["step", "tanh", "quadratic"] = "quadratic"
+    pre_act_loss_coefficient: float | None = 1e-3
+    tanh_scale: float = 4.0
+    ste_to_input: bool = False
+    # Steps without firing before a latent counts as dead for the pre-activation loss;
+    # null means the trainer's dead window (sae.dead_window_tokens / sae.batch_size).
+    dead_window_steps: int | None = 20
+
+
+@dataclass
 class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``)."""
 
@@ -84,6 +109,7 @@ class SAETrainConfig:
     target_l0: float = 16.0
     l1_coefficient: float = 0.05
     controller: SparsityControllerConfig = field(default_factory=SparsityControllerConfig)
+    jumprelu: JumpReLUConfig = field(default_factory=JumpReLUConfig)
     lr: float = 4e-3
     lr_warm_up_steps: int = 10
     lr_decay_fraction: float = 0.2
@@ -111,7 +137,12 @@ class SAETrainConfig:
         bad = sorted(set(ctrl) - cnames)
         if bad:
             raise ConfigError(f"sae.controller: unknown key(s) {bad}")
-        cfg = cls(**d, controller=SparsityControllerConfig(**ctrl))
+        jr = d.pop("jumprelu", None) or {}
+        jnames = {f.name for f in dataclasses.fields(JumpReLUConfig)}
+        bad = sorted(set(jr) - jnames)
+        if bad:
+            raise ConfigError(f"sae.jumprelu: unknown key(s) {bad}")
+        cfg = cls(**d, controller=SparsityControllerConfig(**ctrl), jumprelu=JumpReLUConfig(**jr))
         cfg.validate()
         return cfg
 
@@ -165,8 +196,19 @@ def build_training_sae(
     if cfg.architecture == "batchtopk":
         return BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(k=cfg.k, **common))
     if cfg.architecture == "jumprelu":
+        jr = cfg.jumprelu
         return JumpReLUTrainingSAE(
-            JumpReLUTrainingSAEConfig(l0_coefficient=cfg.l1_coefficient, **common)
+            JumpReLUTrainingSAEConfig(
+                l0_coefficient=cfg.l1_coefficient,
+                jumprelu_init_threshold=jr.init_threshold,
+                jumprelu_bandwidth=jr.bandwidth,
+                jumprelu_sparsity_loss_mode=jr.sparsity_loss_mode,
+                pre_act_loss_coefficient=jr.pre_act_loss_coefficient,
+                jumprelu_tanh_scale=jr.tanh_scale,
+                jumprelu_ste_to_input=jr.ste_to_input,
+                target_l0=cfg.target_l0 if jr.sparsity_loss_mode == "quadratic" else None,
+                **common,
+            )
         )
     return StandardTrainingSAE(
         StandardTrainingSAEConfig(l1_coefficient=cfg.l1_coefficient, **common)
@@ -347,7 +389,11 @@ def train_sae(
         lr_decay_steps=int(total_steps * cfg.lr_decay_fraction),
         device=device,
         autocast=cfg.autocast,
-        dead_feature_window=dead_window_steps,
+        dead_feature_window=(
+            cfg.jumprelu.dead_window_steps or dead_window_steps
+            if cfg.architecture == "jumprelu"
+            else dead_window_steps
+        ),
         feature_sampling_window=max(1, total_steps),
         n_batches_for_norm_estimate=min(100, max(1, info.n_tokens // cfg.batch_size)),
     )

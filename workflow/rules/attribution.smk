@@ -8,7 +8,8 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=sae_outputs(),
-        acts=attribution_activations(),
+        # Same (site, layer) order as sae_outputs(): the script pairs them by position.
+        acts=capture_outputs(),
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",

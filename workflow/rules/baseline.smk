@@ -12,6 +12,7 @@ rule baseline:
             f"{OUT}/baseline/{{behaviour}}_calibration.png",
             caption="../report/baseline.rst",
             category="Baseline",
+            subcategory="Figures",
             labels={
                 "behaviour": "{behaviour}",
                 "figure": "logit difference and calibration",

@@ -7,9 +7,6 @@ SHARDS = CAPTURE["shards"]
 ACTS = f"{OUT}/activations"
 
 
-CAPTURE_OUTPUTS = expand(
-    f"{ACTS}/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
-)
 CAPTURE_CMD = (
     stage("capture")
     + " run --config {params.cfg} --model-json {input.model} --tokens-npy {input.npy}"
@@ -75,7 +72,7 @@ if SHARDS == 1:
             npy=f"{ACTS}/tokens.npy",
             json=f"{ACTS}/tokens.json",
         output:
-            CAPTURE_OUTPUTS,
+            capture_outputs(),
         log:
             f"{OUT}/logs/capture.log",
         benchmark:

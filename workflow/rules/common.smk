@@ -1,11 +1,14 @@
 # Helpers shared by the rules: the validated config, layer lists, behaviours and output paths.
+import ast
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from circuitflow import config as cf_config
+from circuitflow import resources as cf_resources
 
 try:
     # Schema validation (snakemake.utils.validate, defaults filled) runs first, then the checks
@@ -56,10 +59,10 @@ def provenance_outputs():
     ]
 
 
-def model_mem_mb(wildcards, attempt):
-    """Host memory for jobs that hold the model; more on each retry (attempt counts from 1)."""
-    base = 2000 if cf_config.is_embedded(config) else 16000
-    return base * attempt
+def capture_outputs():
+    return expand(
+        f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
+    )
 
 
 def sae_outputs():
@@ -67,11 +70,6 @@ def sae_outputs():
 
 
 # ---- Job resources: estimates in src/circuitflow/resources.py, cluster facts from the profile --
-import ast
-import os
-
-from circuitflow import resources as cf_resources
-
 # A Slurm profile (profiles/csd3, profiles/local-slurm) declares, among its default-resources,
 # the accounts, the GPU partition, the GRES of a GPU job and the walltime cap. Snakemake parses
 # this file before it picks the executor, so these entries are how rules see the cluster.
@@ -144,13 +142,6 @@ def attribution_outputs():
     )
 
 
-def attribution_activations():
-    """Activation files in the same (site, layer) order as sae_outputs(), paired by position."""
-    return expand(
-        f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
-    )
-
-
 def job_envmodules():
     """envmodules: of every rule: the profile's `envmodules` entry (CSD3: rhel8/default-amp),
     loaded in each job when the profile also sets `software-deployment-method: env-modules`.
@@ -184,7 +175,7 @@ def stage_outputs():
     """The main outputs of every stage (what the after-the-run provenance hashes)."""
     return (
         baseline_outputs()
-        + attribution_activations()
+        + capture_outputs()
         + sae_outputs()
         + attribution_outputs()
         + interventions_outputs()

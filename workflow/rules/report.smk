@@ -52,6 +52,9 @@ rule report_baseline:
             f"{REPORT}/baseline.html",
             caption="../report/baseline_table.rst",
             category="Baseline",
+            # Its own subcategory: beside one calibration figure, two results with two `figure`
+            # values would make the report's toggle heuristic hide (and crash on) one of them.
+            subcategory="Summary",
             labels={"behaviour": "all", "figure": "metrics table"},
         ),
     log:
@@ -197,9 +200,7 @@ rule check:
         **job_resources("baseline"),
     params:
         cfg=config_json("outdir", "device", "model"),
+        json=f"{OUT}/logs/check_env.json",
     shell:
         stage("check_env")
-        + " --config {params.cfg} --json "
-        + OUT
-        + "/provenance/check_env.json"
-        " 2>&1 | tee {log}"
+        + " --config {params.cfg} --json {params.json} 2>&1 | tee {log}"
