@@ -251,7 +251,7 @@ def file_prompts(path: Path, encoder: Encoder, rng, n: int) -> pd.DataFrame:
 def make_prompts(
     name: str, spec: dict, seed: int, model_info: dict, model_dir: Path, base_dir: Path = Path(".")
 ) -> pd.DataFrame:
-    """The prompt set of behaviour `name` (config `behaviours.<name>`) for the model in `model_dir`."""
+    """Prompts of behaviour `name` (config `behaviours.<name>`) for the model in `model_dir`."""
     rng = behaviour_rng(seed, name)
     source, n = spec["source"], spec.get("n_prompts", 256)
     if model_info["kind"] == "embedded":
