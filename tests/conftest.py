@@ -108,5 +108,6 @@ def default_results(tmp_path_factory) -> Path:
         return Path(reuse)
     workdir = tmp_path_factory.mktemp("default-run")
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config.pop("outdir")  # results go to this test's directory, not the checkout's results/
     run_snakemake(config, workdir)
     return workdir / "results"

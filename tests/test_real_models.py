@@ -20,16 +20,22 @@ def test_layer_count_is_read_from_the_directory(tiny_hf_model_dir):
             "model": {"name": str(tiny_hf_model_dir)},
             "layers": "0-1",
             "behaviours": {"ioi": {"source": "ioi"}},
+            "capture": {"corpus": "corpus.txt"},
         },
         ".",
     )
     assert resolved["layers"] == [0, 1]
+    with pytest.raises(cf.ConfigError, match="capture.corpus: a real model needs a corpus"):
+        cf.resolve(
+            {"model": {"name": str(tiny_hf_model_dir)}, "behaviours": {"ioi": {"source": "ioi"}}}
+        )
     with pytest.raises(cf.ConfigError, match="layers: layer 2 is outside the model"):
         cf.resolve(
             {
                 "model": {"name": str(tiny_hf_model_dir)},
                 "layers": [2],
                 "behaviours": {"ioi": {"source": "ioi"}},
+                "capture": {"corpus": "corpus.txt"},
             },
             ".",
         )
@@ -99,18 +105,33 @@ def test_file_prompts_borrow_a_corrupted_twin_or_fail_clearly(tiny_hf_model_dir,
 
 
 def test_dag_on_a_local_hugging_face_model(tiny_hf_model_dir, tmp_path):
-    """prefetch_model (a localrule), prompts and baseline through Snakemake, hub offline."""
+    """prefetch_model (a localrule), prompts, baseline and capture from a local text corpus
+    through Snakemake, hub offline."""
+    from circuitflow.behaviours import CAPITALS, IOI_TEMPLATES
+
+    corpus = tmp_path / "corpus.txt"
+    lines = [t.replace("{A}", "Mary").replace("{B}", "John") for t in IOI_TEMPLATES]
+    lines += [f"The capital of {c} is the city of {k}" for c, k in CAPITALS.items()]
+    corpus.write_text("\n".join(lines * 40) + "\n")
     config = {
         "model": {"name": str(tiny_hf_model_dir)},
         "behaviours": {
             "ioi": {"source": "ioi", "n_prompts": 16},
             "capitals": {"source": "factual_recall", "n_prompts": 16},
         },
+        "capture": {"corpus": str(corpus), "n_tokens": 4096, "context_length": 32},
     }
-    done = run_snakemake(config, tmp_path)
-    assert "localrule prefetch_model" in done.stdout + done.stderr
     results = tmp_path / "results"
+    targets = [results / "baseline" / f"{b}.json" for b in ("ioi", "capitals")]
+    targets += [results / "activations" / "resid_post" / f"layer_{i}.h5" for i in (0, 1)]
+    done = run_snakemake(config, tmp_path, *map(str, targets))
+    assert "localrule prefetch_model" in done.stdout + done.stderr
     assert read_json(results / "model" / "model.json")["kind"] == "local_hf"
     for behaviour in ("ioi", "capitals"):
         summary = read_json(results / "baseline" / f"{behaviour}.json")
         assert summary["n_prompts"] > 0 and 0 <= summary["accuracy"] <= 1
+    from circuitflow.capture import open_activations
+
+    with open_activations(results / "activations" / "resid_post" / "layer_1.h5") as h5:
+        assert h5["acts"].shape[1] == 32  # the tiny model's d_model
+        assert h5.attrs["hook_name"] == "blocks.1.hook_resid_post"

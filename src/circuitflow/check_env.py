@@ -67,30 +67,19 @@ def check_packages() -> list[dict]:
 
 
 def device_facts() -> dict:
-    """What torch sees: CUDA availability and version, GPUs, bf16 and TF32 support."""
+    """What torch sees: CUDA availability and version, GPUs (as provenance records them), and
+    whether the first GPU has bf16 and TF32."""
     import torch
+
+    from circuitflow.provenance import gpu_state
 
     facts: dict[str, Any] = {
         "torch": torch.__version__,
-        "cuda_available": torch.cuda.is_available(),
-        "cuda_version": torch.version.cuda,
-        "cudnn_version": torch.backends.cudnn.version()
-        if torch.backends.cudnn.is_available()
-        else None,
-        "gpus": [],
+        **gpu_state(),
         "bf16": False,
         "tf32": False,
     }
     if facts["cuda_available"]:
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            facts["gpus"].append(
-                {
-                    "name": props.name,
-                    "memory_gib": round(props.total_memory / 2**30, 1),
-                    "capability": f"{props.major}.{props.minor}",
-                }
-            )
         facts["bf16"] = bool(torch.cuda.is_bf16_supported())
         facts["tf32"] = torch.cuda.get_device_capability(0)[0] >= 8
     return facts

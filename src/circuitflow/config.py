@@ -193,6 +193,11 @@ def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir))
+    if not is_embedded(config) and not config["capture"]["corpus"]:
+        raise ConfigError(
+            "capture.corpus: a real model needs a corpus to capture activations from (a local "
+            ".txt/.jsonl/.parquet file or directory, or a Hugging Face dataset name)"
+        )
     return config
 
 
