@@ -18,9 +18,8 @@ import h5py
 import numpy as np
 import torch
 
-
-class ActivationFileError(ValueError):
-    """An activation file that must not be consumed (incomplete, malformed)."""
+# One reader guards every consumer of capture's files; re-exported for callers of this module.
+from circuitflow.capture import ActivationFileError, open_activations
 
 
 @dataclass(frozen=True)
@@ -41,48 +40,16 @@ class ActivationFileInfo:
     chunk_rows: int
 
 
-_REQUIRED_ATTRS = (
-    "hook_name",
-    "layer",
-    "site",
-    "model_hash",
-    "token_set_hash",
-    "n_tokens",
-    "d_in",
-    "context_length",
-    "bos_excluded",
-    "bos_token_id",
-)
-
-
 def read_activation_info(path: str | Path) -> ActivationFileInfo:
     """Validate an activation file and return its attributes.
 
-    Raises ActivationFileError (naming the file) unless the writer marked it complete.
+    Raises ActivationFileError (naming the file) unless the capture stage's checks pass.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ActivationFileError(f"{path}: activation file does not exist")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise ActivationFileError(f"{path}: not a readable HDF5 file ({exc})") from exc
-    with f:
-        # `complete` is written last by the capture stage: anything else is a partial write.
-        if not bool(f.attrs.get("complete", False)):
-            raise ActivationFileError(
-                f"{path}: activation file is incomplete (attr 'complete' is not true); "
-                "rerun the capture stage"
-            )
-        missing = [a for a in _REQUIRED_ATTRS if a not in f.attrs]
-        if missing or "acts" not in f or "tokens" not in f:
-            raise ActivationFileError(
-                f"{path}: malformed activation file (missing attrs {missing} or datasets)"
-            )
+    # open_activations refuses incomplete or inconsistent files, naming the file.
+    with open_activations(path) as f:
         acts = f["acts"]
         n_tokens, d_in = acts.shape
-        if f["tokens"].shape != (n_tokens,) or int(f.attrs["n_tokens"]) != n_tokens:
-            raise ActivationFileError(f"{path}: acts/tokens/n_tokens disagree in length")
         chunk_rows = acts.chunks[0] if acts.chunks else 4096
         return ActivationFileInfo(
             path=path,
