@@ -5,59 +5,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
+from tiny_spliced import N_HEADS, N_LAYERS, tiny_spliced
 
 from circuitflow import attribution as attr
 from circuitflow import circuit_graph
 
-N_LAYERS, N_HEADS, D_MODEL, VOCAB, SEQ = 2, 2, 16, 20, 6
-
 
 @pytest.fixture(scope="module")
 def tiny():
-    from sae_lens import StandardSAE, StandardSAEConfig
-    from sae_lens.saes.sae import SAEMetadata
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    torch.manual_seed(0)
-    cfg = HookedTransformerConfig(
-        n_layers=N_LAYERS,
-        d_model=D_MODEL,
-        n_heads=N_HEADS,
-        d_head=D_MODEL // N_HEADS,
-        d_mlp=32,
-        d_vocab=VOCAB,
-        n_ctx=SEQ,
-        act_fn="gelu",
-        normalization_type="LN",
-    )
-    model = HookedTransformer(cfg).eval()
-    saes = {}
-    for layer in range(N_LAYERS):
-        hook = attr.sae_hook("resid_post", layer)
-        sae_cfg = StandardSAEConfig(
-            d_in=D_MODEL, d_sae=32, metadata=SAEMetadata(hook_name=hook), device="cpu"
-        )
-        sae = StandardSAE(sae_cfg).eval()
-        with torch.no_grad():  # encoder = decoder.T so features actually fire
-            sae.W_enc.copy_(sae.W_dec.T)
-        saes[hook] = sae
-    rng = np.random.default_rng(0)
-    clean = rng.integers(0, VOCAB, size=(8, SEQ))
-    corrupted = clean.copy()
-    corrupted[:, :3] = rng.integers(0, VOCAB, size=(8, 3))
-    prompts = pd.DataFrame(
-        {
-            "prompt_id": range(8),
-            "clean_tokens": list(clean),
-            "corrupted_tokens": list(corrupted),
-            "answer_id": rng.integers(0, VOCAB, 8),
-            "distractor_id": rng.integers(0, VOCAB, 8),
-        }
-    )
-    return model, saes, prompts
+    return tiny_spliced(8)
 
 
 def test_splice_keeps_clean_logits_and_matches_sae_lens(tiny):

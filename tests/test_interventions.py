@@ -7,69 +7,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_spliced import D_MODEL, N_HEADS, N_LAYERS, SEQ, VOCAB, tiny_spliced
 
 from circuitflow import attribution as attr
 from circuitflow import circuit_graph
 from circuitflow import interventions as iv
 from circuitflow.ablation import Intervener, Node, component_nodes
 
-N_LAYERS, N_HEADS, D_MODEL, VOCAB, SEQ, N_PROMPTS = 2, 2, 16, 20, 6, 12
+N_PROMPTS = 12
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from sae_lens import StandardSAE, StandardSAEConfig
-    from sae_lens.saes.sae import SAEMetadata
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cfg = HookedTransformerConfig(
-        n_layers=N_LAYERS,
-        d_model=D_MODEL,
-        n_heads=N_HEADS,
-        d_head=D_MODEL // N_HEADS,
-        d_mlp=32,
-        d_vocab=VOCAB,
-        n_ctx=SEQ,
-        act_fn="gelu",
-        normalization_type="LN",
-    )
-    model = HookedTransformer(cfg).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    saes = {}
-    for layer in range(N_LAYERS):
-        hook = attr.sae_hook("resid_post", layer)
-        sae_cfg = StandardSAEConfig(
-            d_in=D_MODEL, d_sae=32, metadata=SAEMetadata(hook_name=hook), device="cpu"
-        )
-        sae = StandardSAE(sae_cfg).eval()
-        with torch.no_grad():  # encoder = decoder.T so features actually fire
-            sae.W_enc.copy_(sae.W_dec.T)
-        for p in sae.parameters():
-            p.requires_grad_(False)
-        saes[hook] = sae
-    rng = np.random.default_rng(0)
-    clean = rng.integers(0, VOCAB, size=(N_PROMPTS, SEQ))
-    corrupted = clean.copy()
-    corrupted[:, :3] = rng.integers(0, VOCAB, size=(N_PROMPTS, 3))
-    prompts = pd.DataFrame(
-        {
-            "prompt_id": range(N_PROMPTS),
-            "clean_tokens": list(clean),
-            "corrupted_tokens": list(corrupted),
-            "answer_id": rng.integers(0, VOCAB, N_PROMPTS),
-            "distractor_id": rng.integers(0, VOCAB, N_PROMPTS),
-        }
-    )
-    return model, saes, prompts
+    return tiny_spliced(N_PROMPTS, frozen=True)
 
 
 def tokens(prompts, col="clean_tokens"):
@@ -95,12 +53,14 @@ def test_node_ids_match_the_attribution_graph():
         {"kind": "head", "layer": 1, "index": 3, "site": None},
         {"kind": "mlp", "layer": 0, "index": -1, "site": None},
         {"kind": "feature", "layer": 2, "index": 17, "site": "resid_post"},
+        {"kind": "error", "layer": 1, "index": -1, "site": "resid_post"},
     ]
     nodes = [
         Node("embedding"),
         Node("head", 1, 3),
         Node("mlp", 0),
         Node("feature", 2, 17, "resid_post"),
+        Node("error", 1, -1, "resid_post"),
     ]
     for row, node in zip(rows, nodes, strict=True):
         assert node.id == circuit_graph.node_id(row)
@@ -176,6 +136,71 @@ def test_feature_ablation_equals_a_spliced_sae_with_the_feature_replaced(tiny):
     node = Node("feature", 0, f, "resid_post")
     out = Intervener(model, prompts, "zero", saes=saes).run([node])
     np.testing.assert_allclose(out.logit_diff, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_feature_set_and_error_ablation_equal_one_spliced_forward(tiny, kind):
+    """Several features and the error term of one SAE ablated together are the SAE splice with
+    those features and the error replaced (one encode, not one per feature); every feature and
+    the error ablated together replace the activation by its reference."""
+    model, saes, prompts = tiny
+    hook = attr.sae_hook("resid_post", 1)
+    sae = saes[hook]
+    x = cached(model, prompts, hook)
+    acts = sae.encode(x)
+    fired = acts.flatten(0, 1).gt(0).sum(0)
+    feats = [int(f) for f in fired.argsort(descending=True)[:3]]
+    error = x - sae.decode(acts)
+    ref_feats = 0 if kind == "zero" else acts.mean(0, keepdim=True)
+    ref_error = 0 if kind == "zero" else error.mean(0, keepdim=True)
+
+    def set_feats(f):
+        f = f.clone()
+        f[..., feats] = (ref_feats + 0 * f)[..., feats]
+        return f
+
+    def set_error(e):
+        return (ref_error + 0 * e).to(e.dtype)
+
+    groups = attr.build_groups(N_LAYERS, [("resid_post", 1)])
+    patches = {hook + ".sae:feats": set_feats, hook + ".sae:error": set_error}
+    with torch.no_grad():
+        run = attr.forward(model, tokens(prompts), groups, {hook: sae}, patches)
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    expected = attr.logit_diff(run.logits, ans, dis).numpy()
+    nodes = [Node("feature", 1, f, "resid_post") for f in feats] + [
+        Node("error", 1, -1, "resid_post")
+    ]
+    iv_ = Intervener(model, prompts, kind, saes=saes)
+    np.testing.assert_allclose(iv_.run(nodes).logit_diff, expected, atol=1e-4)
+    assert not np.allclose(expected, logit_diff_with(model, prompts, []), atol=1e-3)
+
+    everything = [Node("feature", 1, f, "resid_post") for f in range(sae.cfg.d_sae)]
+    everything.append(Node("error", 1, -1, "resid_post"))
+    value = torch.zeros_like(x) if kind == "zero" else x.mean(0, keepdim=True).expand_as(x)
+    whole = logit_diff_with(model, prompts, [(hook, lambda act, hook: value.clone())])
+    np.testing.assert_allclose(iv_.run(everything).logit_diff, whole, atol=1e-4)
+
+
+def test_ranked_nodes_mix_components_features_and_errors():
+    components = pd.DataFrame(
+        {"kind": ["embedding", "head", "mlp"], "layer": [-1, 0, 0], "index": [-1, 1, -1],
+         "score": [0.5, -3.0, 0.0]}
+    )  # fmt: skip
+    features = pd.DataFrame(
+        {"site": ["resid_post"] * 3, "layer": [0, 0, 0], "feature": [4, 7, -1],
+         "kind": ["feature", "feature", "error"], "score": [2.0, 9.0, 0.25]}
+    )  # fmt: skip
+    # Feature 7 is scored but does not fire on the prompts; feature 5 fires but is unscored.
+    active = {("resid_post", 0): np.array([4, 5])}
+    ranked = iv.ranked_nodes(components, features, active)
+    assert [n.id for n in ranked] == [
+        "head.0.1", "feature.resid_post.0.4", "embedding", "error.resid_post.0", "mlp.0",
+        "feature.resid_post.0.5",
+    ]  # fmt: skip
+    assert iv.ranked_nodes(components) == ranked[:1] + ranked[2:3] + ranked[4:5]
+    graph = {"nodes": [{"id": "head.0.1"}, {"id": "feature.resid_post.0.5"}, {"id": "logit"}]}
+    assert [n.id for n in iv.graph_nodes(graph, ranked)] == ["head.0.1", "feature.resid_post.0.5"]
 
 
 def test_steering_adds_the_vector_after_bos(tiny):
@@ -254,7 +279,9 @@ SUMMARY_KEYS = {
     "behaviour", "ablation", "faithfulness", "completeness", "circuit_size", "circuit",
     "smallest_faithful_size", "faithfulness_threshold", "random_faithfulness",
     "random_completeness", "faithfulness_curve", "completeness_curve", "seeds", "n_prompts",
-    "logit_diff_clean", "logit_diff_empty", "top_heads", "seconds",
+    "logit_diff_clean", "logit_diff_empty", "top_heads", "seconds", "circuit_nodes", "n_nodes",
+    "n_nodes_by_kind", "smallest_faithful_fraction", "smallest_faithful_by_kind",
+    "random_faithfulness_at_smallest", "graph_circuit",
 }  # fmt: skip
 
 
@@ -268,7 +295,7 @@ def check_outputs(d, n_layers: int, n_heads: int, with_features: bool = True) ->
     assert (heads["ablation"] == summary["ablation"]).all()
     circuits = pd.read_parquet(d / "circuits.parquet")
     assert CIRCUIT_COLUMNS <= set(circuits.columns)
-    assert set(circuits["circuit"]) == {"top", "random"}
+    assert {"top", "random"} <= set(circuits["circuit"]) <= {"top", "random", "graph"}
     sets = pd.read_parquet(d / "head_sets.parquet")
     assert SET_COLUMNS <= set(sets.columns)
     assert set(sets["set"]) == {"top_k", "random"} and set(sets["size"]) == {2, 3}
@@ -295,17 +322,40 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     attr.heads_table(frame).to_parquet(adir / "heads.parquet")
     attr.components_table(frame).to_parquet(adir / "components.parquet")
     attr.features_table(frame).to_parquet(adir / "features.parquet")
-    (adir / "graph.json").write_text(json.dumps({"nodes": [{"kind": "head"}, {"kind": "mlp"}]}))
+    graph = {"nodes": [{"id": "head.0.1", "kind": "head"}, {"id": "mlp.1", "kind": "mlp"},
+                       {"id": "logit", "kind": "logit"}]}  # fmt: skip
+    (adir / "graph.json").write_text(json.dumps(graph))
     cfg = iv.InterventionsConfig(
         n_seeds=2, n_random_circuits=3, top_k_heads=3, n_random_sets=2, n_features=2,
         n_random_features=2, steering_alphas=(-2.0, 0.0, 2.0),
     )  # fmt: skip
     out = tmp_path / "interventions" / "b"
     summary = iv.run_stage(model, prompts, adir, saes, None, cfg, "b", out, base_seed=0)
-    assert summary["circuit_size"] == 2 and summary["circuit_size_source"] == "attribution graph"
-    assert len(summary["circuit"]) == 2
+    # Candidates: every component, the features that fire, both error terms.
+    kinds = summary["n_nodes_by_kind"]
+    assert kinds["head"] == N_LAYERS * N_HEADS and kinds["mlp"] == N_LAYERS
+    assert kinds["error"] == N_LAYERS and 0 < kinds["feature"] <= N_LAYERS * 32
+    assert summary["n_nodes"] == sum(kinds.values())
+    # No size configured: the smallest faithful one, found exactly by bisection.
+    n = summary["smallest_faithful_size"]
+    assert summary["circuit_size"] == n and summary["circuit_size_source"] == "smallest faithful"
+    assert len(summary["circuit"]) == n == sum(summary["smallest_faithful_by_kind"].values())
+    curve = {int(k): v for k, v in summary["faithfulness_curve"].items()}
+    assert curve[n] >= cfg.faithfulness_threshold
+    assert n == 0 or curve[n - 1] < cfg.faithfulness_threshold, curve
+    assert summary["graph_circuit"]["nodes"] == ["head.0.1", "mlp.1"]
     on_disk = check_outputs(out, N_LAYERS, N_HEADS)
     assert on_disk["faithfulness"] == pytest.approx(summary["faithfulness"])
+    circuits = pd.read_parquet(out / "circuits.parquet")
+    assert (circuits[circuits["circuit"] == "random"]["n"] == n).sum() == cfg.n_random_circuits
+    assert (circuits["circuit"] == "graph").sum() == 1
+
+    # Components only, a configured size.
+    only = iv.InterventionsConfig(**(asdict(cfg) | {"circuit_nodes": "components",
+                                                    "circuit_size": 2}))  # fmt: skip
+    small = iv.run_stage(model, prompts, adir, saes, None, only, "b", tmp_path / "c", 0)
+    assert small["n_nodes"] == 1 + N_LAYERS * (N_HEADS + 1)
+    assert small["circuit_size"] == 2 and small["circuit_size_source"] == "config"
     sets = pd.read_parquet(out / "head_sets.parquet")
     assert (sets[sets["set"] == "top_k"]["size"].value_counts().sort_index() == [3, 1]).all()
 

@@ -1,9 +1,10 @@
 """Ablations and steering: run the model with some nodes' activations replaced, and score it.
 
 Nodes (`Node`): the token embedding (`hook_embed`), each attention head (a slice of
-`blocks.{l}.attn.hook_z`), each MLP output (`blocks.{l}.hook_mlp_out`) and each SAE feature at
-its hook site (`blocks.{l}.hook_{site}`). Node ids are those of the attribution graph
-(`embedding`, `head.{l}.{h}`, `mlp.{l}`, `feature.{site}.{l}.{f}`).
+`blocks.{l}.attn.hook_z`), each MLP output (`blocks.{l}.hook_mlp_out`), and each SAE feature and
+each SAE's error term at its hook site (`blocks.{l}.hook_{site}`). Node ids are those of the
+attribution graph (`embedding`, `head.{l}.{h}`, `mlp.{l}`, `feature.{site}.{l}.{f}`,
+`error.{site}.{l}`).
 
 Ablation kinds (what an ablated node's activation becomes):
 
@@ -14,11 +15,14 @@ Ablation kinds (what an ablated node's activation becomes):
 * `resample`: its value on a corrupted prompt drawn at random (a permutation per seed, within
   prompts of the same length), as in resample ablation / causal scrubbing.
 
-An SAE feature is ablated inside the residual stream without replacing it by the SAE's
-reconstruction: x <- x + (a_ref - a) W_dec[f], which equals splicing the SAE with its error term
-and changing that one feature's activation (the decoder is linear), so every other feature and
-the error term are untouched. Steering adds alpha * direction to the hook's output at every
-position but the first (BOS, the attention sink).
+SAE nodes are ablated inside the activation without replacing it by the SAE's reconstruction:
+the SAE is spliced with its error term, x = decode(a) + e, a = encode(x), e = x - decode(a), and
+the ablated features F and (when ablated) the error term take their reference values:
+x <- x + (a_ref - a)[F] W_dec[F] + (e_ref - e). The activation is encoded once per hook, so
+ablating a set of features at once is the same as ablating them in one spliced forward; every
+node not ablated keeps its value. Ablating every feature and the error term of a hook replaces
+its activation by the reference exactly (the decoder is affine). Steering adds alpha * direction
+to the hook's output at every position but the first (BOS, the attention sink).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ EMBED_HOOK = "hook_embed"
 class Node:
     """One ablatable node. `layer` is -1 for the embedding; `index` is the head or feature."""
 
-    kind: str  # embedding | head | mlp | feature
+    kind: str  # embedding | head | mlp | feature | error
     layer: int = -1
     index: int = -1
     site: str = ""
@@ -56,6 +60,8 @@ class Node:
             return f"mlp.{self.layer}"
         if self.kind == "feature":
             return f"feature.{self.site}.{self.layer}.{self.index}"
+        if self.kind == "error":
+            return f"error.{self.site}.{self.layer}"
         raise ValueError(f"unknown node kind {self.kind!r}")
 
     @property
@@ -70,12 +76,17 @@ class Node:
 
     @property
     def label(self) -> str:
-        """Short human label: emb, L1H2, MLP0, resid_post0/F12."""
+        """Short human label: emb, L1H2, MLP0, resid_post0/F12, resid_post0/err."""
         return {
             "embedding": "emb",
             "head": f"L{self.layer}H{self.index}",
             "mlp": f"MLP{self.layer}",
+            "error": f"{self.site}{self.layer}/err",
         }.get(self.kind, f"{self.site}{self.layer}/F{self.index}")
+
+    @property
+    def is_sae(self) -> bool:
+        return self.kind in ("feature", "error")
 
     @classmethod
     def parse(cls, node_id: str) -> Node:
@@ -87,6 +98,8 @@ class Node:
             return cls("mlp", int(m[1]))
         if m := re.fullmatch(r"feature\.(\w+)\.(\d+)\.(\d+)", node_id):
             return cls("feature", int(m[2]), int(m[3]), m[1])
+        if m := re.fullmatch(r"error\.(\w+)\.(\d+)", node_id):
+            return cls("error", int(m[2]), -1, m[1])
         raise ValueError(f"cannot parse node id {node_id!r}")
 
 
@@ -216,31 +229,49 @@ class Intervener:
             self._ref[key] = torch.cat(chunks)
         return self._ref[key]
 
-    def _feature_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
-        key = ("feats", hook, which, g)
+    def _sae_parts(self, hook: str, which: str, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The SAE's feature activations [n, pos, d_sae] and error term [n, pos, d] at `hook`."""
+        key = ("sae", hook, which, g)
         if key not in self._ref:
             sae = self.saes[hook]
             x = self._activations(hook, which, g)
             with torch.no_grad():
-                self._ref[key] = sae.encode(x.to(sae.dtype)).float()
+                feats = sae.encode(x.to(sae.dtype))
+                error = x.float() - sae.decode(feats).float()
+            self._ref[key] = (feats.float(), error)
         return self._ref[key]
 
-    def _replacement(self, node: Node, hook: str) -> torch.Tensor | float:
-        """What the ablated node's activation becomes for the current chunk (broadcastable)."""
+    def _feature_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
+        return self._sae_parts(hook, which, g)[0]
+
+    def _error_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
+        return self._sae_parts(hook, which, g)[1]
+
+    def _replacement(self, hook: str, part: str) -> torch.Tensor | float:
+        """What an ablated node's activation becomes for the current chunk (broadcastable):
+        `part` is `acts` (components), `feats` or `error` (SAE nodes at `hook`)."""
         ctx = self._ctx
         if self.kind == "zero":
             return 0.0
-        feats = node.kind == "feature"
-        get = self._feature_acts if feats else self._activations
+        get = {"acts": self._activations, "feats": self._feature_acts, "error": self._error_acts}
         if self.kind == "mean":
-            key = ("mean", hook, self.mean_reference, ctx.group, feats)
+            key = ("mean", hook, self.mean_reference, ctx.group, part)
             if key not in self._ref:
-                self._ref[key] = get(hook, self.mean_reference, ctx.group).mean(0, keepdim=True)
+                self._ref[key] = get[part](hook, self.mean_reference, ctx.group).mean(
+                    0, keepdim=True
+                )
             return self._ref[key]
-        acts = get(hook, "corrupted", ctx.group)
+        acts = get[part](hook, "corrupted", ctx.group)
         rows = np.arange(len(acts))[ctx.rows]
         idx = ctx.perm[rows] if ctx.perm is not None else rows
         return acts[torch.as_tensor(idx, device=acts.device)]
+
+    @staticmethod
+    def _parts(nodes: list[Node]) -> list[str]:
+        kinds = {n.kind for n in nodes}
+        parts = ["feats"] if "feature" in kinds else []
+        parts += ["error"] if "error" in kinds else []
+        return parts + (["acts"] if kinds - {"feature", "error"} else [])
 
     def _prepare(self, by_hook: dict[str, list[Node]]) -> None:
         """Compute reference activations before any hook is on (they are clean forward passes)."""
@@ -249,32 +280,48 @@ class Intervener:
         for hook, nodes in by_hook.items():
             for g in range(len(self.groups)):
                 self._ctx = _Context(g, slice(0, 1), np.arange(len(self.groups[g].rows)))
-                for feats in sorted({n.kind == "feature" for n in nodes}):
-                    probe = next(n for n in nodes if (n.kind == "feature") == feats)
-                    self._replacement(probe, hook)
+                for part in self._parts(nodes):
+                    self._replacement(hook, part)
 
     # --- hooks --------------------------------------------------------------------------------
     def _hook_fn(self, name: str, nodes: list[Node], steer: list[torch.Tensor]):
+        components = [n for n in nodes if not n.is_sae]
+        features = [n.index for n in nodes if n.kind == "feature"]
+        error = any(n.kind == "error" for n in nodes)
+
         def fn(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
             act = act.clone()
-            for node in nodes:
-                value = self._replacement(node, name)
+            for node in components:
+                value = self._replacement(name, "acts")
                 if node.kind == "head":
                     v = value if isinstance(value, float) else value[:, :, node.index]
                     act[:, :, node.index] = v
-                elif node.kind == "feature":
-                    sae = self.saes[name]
-                    a = sae.encode(act.to(sae.dtype))[..., node.index].float()
-                    ref = value if isinstance(value, float) else value[..., node.index]
-                    direction = sae.W_dec[node.index].to(act.dtype)
-                    act = act + ((ref - a)[..., None] * direction).to(act.dtype)
                 else:
                     act[:] = value
+            if features or error:
+                act = act + self._sae_delta(name, act, features, error).to(act.dtype)
             for vec in steer:
                 act[:, 1:] = act[:, 1:] + vec.to(act.dtype)
             return act
 
         return fn
+
+    def _sae_delta(
+        self, hook: str, act: torch.Tensor, features: list[int], error: bool
+    ) -> torch.Tensor:
+        """(a_ref - a)[F] W_dec[F] + (e_ref - e) for the spliced SAE at `hook` (one encode)."""
+        sae = self.saes[hook]
+        a = sae.encode(act.to(sae.dtype)).float()
+        delta = torch.zeros(act.shape, dtype=torch.float32, device=act.device)
+        if features:
+            idx = torch.as_tensor(features, device=act.device)
+            ref = self._replacement(hook, "feats")
+            ref = ref if isinstance(ref, float) else ref[..., idx]
+            delta += (ref - a[..., idx]) @ sae.W_dec[idx].float()
+        if error:
+            e = act.float() - sae.decode(a.to(sae.dtype)).float()
+            delta += self._replacement(hook, "error") - e
+        return delta
 
     @torch.no_grad()
     def run(

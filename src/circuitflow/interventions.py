@@ -4,14 +4,19 @@ Metric m: mean logit difference (answer - distractor, last position) over the be
 prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `resample`, see
 `circuitflow.ablation`), recorded in every table and in summary.json.
 
-* Circuits. Candidate nodes are the components attribution scores (token embedding, every head,
-  every MLP), ranked by |attribution score|; SAE features are not circuit nodes here (they are
-  tested one at a time below). C_n = the top n nodes, and for each n:
+* Circuits. Candidate nodes (`circuit_nodes: features`, the default) are the components
+  (token embedding, every head, every MLP), every SAE feature that fires on the behaviour's
+  clean prompts and every SAE's error term, as in Marks et al. 2024: the SAEs make the residual
+  stream itself a set of nodes, so a circuit can keep the token- and concept-specific directions
+  that carry the behaviour and drop the rest. `components` uses the components only. Nodes are
+  ranked by |attribution score|. C_n = the top n nodes, and for each n:
   faithfulness(n) = (m(C_n) - m(empty)) / (m(M) - m(empty)) with every node outside C_n ablated;
   completeness(n) = (m(M) - m(M minus C_n)) / (m(M) - m(empty)) with C_n ablated and the rest
   kept: the share of the model's effect that is lost without the circuit (1 = nothing outside
   the circuit can do the task; it is 1 - the complement's faithfulness of Marks et al. 2024).
-  Control: at each n, random circuits of n nodes (`n_random_circuits` draws).
+  Control: at each n, random circuits of n nodes (`n_random_circuits` draws). The smallest
+  faithful n is found on the grid of sizes and then by bisection between the last unfaithful
+  and the first faithful grid size. The attribution graph's own node set is scored as well.
 * Heads. Every head alone; every pair and triplet (up to `max_set_size`) among the top-k heads by
   attribution, with the additive prediction (sum of single effects) and the interaction, and
   random head sets of each size as the control.
@@ -51,6 +56,7 @@ from circuitflow.ablation import (
 
 log = logging.getLogger(__name__)
 
+CIRCUIT_NODES = ("features", "components")
 METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
 
 
@@ -65,7 +71,8 @@ class InterventionsConfig:
     n_seeds: int = 3
     ci_level: float = 0.95
     circuit_sizes: list[int] | None = None  # null: every size when <= 64 nodes, else a grid
-    circuit_size: int | None = None  # null: the components in the attribution graph
+    circuit_size: int | None = None  # null: the smallest faithful size
+    circuit_nodes: str = "features"  # features (components + SAE features + errors) | components
     faithfulness_threshold: float = 0.8
     n_random_circuits: int = 10
     top_k_heads: int = 5
@@ -84,6 +91,11 @@ class InterventionsConfig:
             raise ValueError(f"interventions: unknown keys {sorted(unknown)}")
         if "steering_alphas" in d:
             d["steering_alphas"] = tuple(float(a) for a in d["steering_alphas"])
+        if d.get("circuit_nodes", "features") not in CIRCUIT_NODES:
+            raise ValueError(
+                f"interventions.circuit_nodes: {d['circuit_nodes']!r}; allowed values: "
+                + ", ".join(CIRCUIT_NODES)
+            )
         if d.get("circuit_sizes") is not None:
             d["circuit_sizes"] = [int(n) for n in d["circuit_sizes"]]
         return cls(**d)
@@ -171,25 +183,53 @@ class Runs:
 
 
 # --- circuits ---------------------------------------------------------------------------------
-def ranked_components(components: pd.DataFrame) -> list[Node]:
-    """Attribution's components table (kind, layer, index, score) as nodes by |score|."""
-    comp = components.reindex(components["score"].abs().sort_values(ascending=False).index)
-    nodes = []
-    for r in comp.itertuples():
-        if r.kind == "embedding":
-            nodes.append(Node("embedding"))
-        elif r.kind == "head":
-            nodes.append(Node("head", int(r.layer), int(r.index)))
-        elif r.kind == "mlp":
-            nodes.append(Node("mlp", int(r.layer)))
-    return nodes
+def component_node(kind: str, layer: int, index: int) -> Node:
+    if kind == "embedding":
+        return Node("embedding")
+    if kind == "head":
+        return Node("head", int(layer), int(index))
+    if kind == "mlp":
+        return Node("mlp", int(layer))
+    raise ValueError(f"not a component kind: {kind!r}")
 
 
-def graph_circuit_size(graph: dict[str, Any] | None) -> int:
-    """The attribution graph's claim: how many of its nodes are components."""
+def ranked_nodes(
+    components: pd.DataFrame,
+    features: pd.DataFrame | None = None,
+    active: dict[tuple[str, int], np.ndarray] | None = None,
+) -> list[Node]:
+    """Circuit candidates by |attribution score| (ties in forward order): the components table
+    (kind, layer, index, score); with `features` (attribution's features table) and `active`
+    ((site, layer) -> features that fire on the prompts), also every active feature (score 0
+    when attribution did not score it) and the error term of each SAE in `active`."""
+    scored = [
+        (float(r.score), (int(r.layer), 0), component_node(r.kind, r.layer, r.index))
+        for r in components.itertuples()
+    ]
+    if features is not None and active:
+        score = {
+            (r.kind, r.site, int(r.layer), int(r.feature)): float(r.score)
+            for r in features.itertuples()
+        }
+        for (site, layer), fired in sorted(active.items()):
+            # After the layer's components: resid_post features are that layer's output.
+            order = (layer, 1)
+            scored.append(
+                (score.get(("error", site, layer, -1), 0.0), order, Node("error", layer, -1, site))
+            )
+            for f in fired:
+                node = Node("feature", layer, int(f), site)
+                scored.append((score.get(("feature", site, layer, int(f)), 0.0), order, node))
+    scored.sort(key=lambda t: (-abs(t[0]), t[1], t[2]))
+    return [node for *_, node in scored]
+
+
+def graph_nodes(graph: dict[str, Any] | None, universe: list[Node]) -> list[Node]:
+    """The attribution graph's nodes that are circuit candidates (its claim, as a circuit)."""
     if not graph:
-        return 0
-    return sum(n["kind"] in ("embedding", "head", "mlp") for n in graph.get("nodes", []))
+        return []
+    ids = {node.id: node for node in universe}
+    return [ids[n["id"]] for n in graph.get("nodes", []) if n["id"] in ids]
 
 
 def circuit_sizes(n_nodes: int, cfg: InterventionsConfig, extra: list[int]) -> list[int]:
@@ -208,11 +248,18 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> float:
 
 
 def circuit_curves(
-    runs: Runs, ranked: list[Node], sizes: list[int], cfg: InterventionsConfig, base_seed: int
+    runs: Runs,
+    ranked: list[Node],
+    sizes: list[int],
+    cfg: InterventionsConfig,
+    base_seed: int,
+    named: list[Node] | None = None,
+    controls: bool = True,
 ) -> pd.DataFrame:
     """One row per (circuit, n, draw): the top-n circuit (`circuit` = top, draw -1; faithfulness
-    and completeness as mean and std across seeds) and random circuits (`random`, one draw
-    each, on all prompts)."""
+    and completeness as mean and std across seeds), random circuits (`random`, one draw each,
+    on all prompts; none when `controls` is false) and, when given, the `named` node set
+    (`graph`, seed-averaged like top)."""
     universe = list(ranked)
     everything = frozenset(universe)
     base = runs.base
@@ -235,19 +282,24 @@ def circuit_curves(
             "completeness": _ratio(m_full - m_rest, den),
         }
 
-    for n in sizes:
-        circuit = frozenset(ranked[:n])
+    def seed_averaged(name: str, nodes: list[Node]) -> dict[str, Any]:
+        circuit = frozenset(nodes)
         per_seed = pd.DataFrame(
             [measure(circuit, s, bootstrap_rows(n_prompts, s)) for s in runs.seeds]
         )
-        row = {"circuit": "top", "n": n, "draw": -1}
+        row: dict[str, Any] = {"circuit": name, "n": len(circuit), "draw": -1}
         for col in per_seed:
             row[col] = float(per_seed[col].mean())
             row[f"{col}_std"] = float(per_seed[col].std(ddof=1)) if len(per_seed) > 1 else 0.0
-        row["nodes"] = [node.id for node in ranked[:n]]
-        rows.append(row)
+        return row | {"nodes": [node.id for node in nodes]}
+
+    if named:
+        rows.append(seed_averaged("graph", named))
+    for n in sizes:
+        rows.append(seed_averaged("top", ranked[:n]))
         all_rows = np.arange(n_prompts)
-        for draw in range(cfg.n_random_circuits if 0 < n < len(universe) else 0):
+        draws = cfg.n_random_circuits if controls and 0 < n < len(universe) else 0
+        for draw in range(draws):
             rng = np.random.default_rng([base_seed, n, draw, 17])
             pick = [universe[i] for i in sorted(rng.choice(len(universe), n, replace=False))]
             m = measure(frozenset(pick), runs.seeds[0], all_rows)
@@ -287,6 +339,77 @@ def random_band(curves: pd.DataFrame, metric: str) -> pd.DataFrame:
 def smallest_faithful(curves: pd.DataFrame, threshold: float) -> int | None:
     top = curves[(curves["circuit"] == "top") & (curves["faithfulness"] >= threshold)]
     return int(top["n"].min()) if len(top) else None
+
+
+def refine_smallest(
+    runs: Runs,
+    ranked: list[Node],
+    curves: pd.DataFrame,
+    cfg: InterventionsConfig,
+    base_seed: int,
+) -> pd.DataFrame:
+    """Bisect between the first faithful size of the grid and the largest tested size below it
+    (faithfulness grows with n along the ranking, mostly): the rows of every size tried are added
+    to `curves`, with random controls at the smallest faithful size found."""
+    hi = smallest_faithful(curves, cfg.faithfulness_threshold)
+    tested = curves.loc[curves["circuit"] == "top", "n"]
+    below = tested[tested < hi] if hi is not None else tested.iloc[:0]
+    if hi is None or below.empty:
+        return curves
+    lo, first, frames = int(below.max()), hi, [curves]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        frames.append(circuit_curves(runs, ranked, [mid], cfg, base_seed, controls=False))
+        if frames[-1]["faithfulness"].iloc[0] >= cfg.faithfulness_threshold:
+            hi = mid
+        else:
+            lo = mid
+    if hi != first:  # the random control at the smallest faithful size found
+        found = circuit_curves(runs, ranked, [hi], cfg, base_seed)
+        frames.append(found[found["circuit"] == "random"])
+    order = {"top": 0, "graph": 1, "random": 2}
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(
+        ["n", "circuit", "draw"], key=lambda c: c.map(order) if c.name == "circuit" else c
+    ).reset_index(drop=True)
+
+
+CIRCUIT_NODE_TEXT = {
+    "features": "token embedding, heads, MLPs, the SAE features that fire on the prompts and each "
+    "SAE's error term",
+    "components": "token embedding, heads, MLPs (SAE features tested one at a time, not as "
+    "circuit nodes)",
+}
+
+
+def sae_sites(saes: dict[str, Any]) -> list[tuple[str, int]]:
+    """(site, layer) of each SAE hook `blocks.{layer}.hook_{site}`."""
+    sites = []
+    for hook in saes:
+        _, layer, name = hook.split(".", 2)
+        sites.append((name.removeprefix("hook_"), int(layer)))
+    return sorted(sites, key=lambda t: (t[1], t[0]))
+
+
+def count_kinds(nodes: list[Node]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.kind] = counts.get(node.kind, 0) + 1
+    return counts
+
+
+def graph_summary(curves: pd.DataFrame) -> dict[str, Any] | None:
+    """Faithfulness and completeness of the attribution graph's node set."""
+    rows = curves[curves["circuit"] == "graph"]
+    if rows.empty:
+        return None
+    r = rows.iloc[0]
+    return {
+        "n": int(r["n"]),
+        "faithfulness": float(r["faithfulness"]),
+        "completeness": float(r["completeness"]),
+        "nodes": list(r["nodes"]),
+    }
 
 
 # --- heads ------------------------------------------------------------------------------------
@@ -520,22 +643,24 @@ def run_stage(
     runs = Runs(iv, seeds)
     mc = model.cfg
 
-    # Circuits over the components, ranked by attribution.
+    # Circuits over the nodes, ranked by attribution.
+    active = None
     if components is not None and len(components):
-        ranked = ranked_components(components)
+        if cfg.circuit_nodes == "features" and saes:
+            active = {
+                (site, layer): active_features(iv, sae_key(site, layer))
+                for site, layer in sae_sites(saes)
+            }
+        ranked = ranked_nodes(components, attr_features, active)
     else:
         ranked = component_nodes(mc.n_layers, mc.n_heads)
-    size = cfg.circuit_size if cfg.circuit_size is not None else graph_circuit_size(graph)
-    size = min(size, len(ranked)) if size else None
-    sizes = circuit_sizes(len(ranked), cfg, [size] if size else [])
-    curves = circuit_curves(runs, ranked, sizes, cfg, base_seed)
+    claimed = graph_nodes(graph, ranked)
+    sizes = circuit_sizes(len(ranked), cfg, [cfg.circuit_size])
+    curves = circuit_curves(runs, ranked, sizes, cfg, base_seed, named=claimed)
+    curves = refine_smallest(runs, ranked, curves, cfg, base_seed)
     smallest = smallest_faithful(curves, cfg.faithfulness_threshold)
-    if size is None:
-        size = smallest if smallest is not None else len(ranked)
-        if size not in sizes:
-            curves = pd.concat(
-                [curves, circuit_curves(runs, ranked, [size], cfg, base_seed)], ignore_index=True
-            )
+    size = cfg.circuit_size if cfg.circuit_size is not None else smallest
+    size = min(size, len(ranked)) if size is not None else len(ranked)
     t_circuits = time.perf_counter() - t0
 
     singles = single_heads(runs, mc, attr_heads, cfg.ci_level)
@@ -586,15 +711,11 @@ def run_stage(
         "logit_diff_clean": float(runs.base.logit_diff.mean()),
         "logit_diff_empty": float(top["m_empty"].iloc[0]),
         "accuracy_clean": float(runs.base.correct.mean()),
-        "circuit_nodes": "components: token embedding, heads, MLPs (SAE features tested "
-        "one at a time, not as circuit nodes)",
+        "circuit_nodes": CIRCUIT_NODE_TEXT[cfg.circuit_nodes if active else "components"],
         "n_nodes": len(ranked),
+        "n_nodes_by_kind": count_kinds(ranked),
         "circuit_size": int(size),
-        "circuit_size_source": (
-            "config"
-            if cfg.circuit_size is not None
-            else ("attribution graph" if graph_circuit_size(graph) else "smallest faithful")
-        ),
+        "circuit_size_source": "config" if cfg.circuit_size is not None else "smallest faithful",
         "circuit": [node.id for node in ranked[:size]],
         "faithfulness": float(top.loc[size, "faithfulness"]),
         "faithfulness_std": float(top.loc[size, "faithfulness_std"]),
@@ -607,7 +728,10 @@ def run_stage(
         "smallest_faithful_circuit": None
         if smallest is None
         else [node.id for node in ranked[:smallest]],
+        "smallest_faithful_fraction": None if smallest is None else smallest / len(ranked),
+        "smallest_faithful_by_kind": None if smallest is None else count_kinds(ranked[:smallest]),
         "random_faithfulness_at_smallest": band(band_f, smallest),
+        "graph_circuit": graph_summary(curves),
         "faithfulness_curve": {int(n): float(v) for n, v in top["faithfulness"].items()},
         "completeness_curve": {int(n): float(v) for n, v in top["completeness"].items()},
         "top_heads": singles.head(5)[["layer", "head", "score", "drop_frac"]].to_dict("records"),

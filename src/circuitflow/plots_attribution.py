@@ -5,40 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from circuitflow.plots import layer_head_grid, pyplot
 
 
 def head_heatmap(heads: pd.DataFrame, n_layers: int, n_heads: int, title: str):
     """Layer x head grid of head scores, diverging colours centred on zero."""
-    plt = _plt()
     grid = np.zeros((n_layers, n_heads))
     for r in heads.itertuples():
         grid[int(r.layer), int(r.head)] = r.score
-    lim = max(float(np.abs(grid).max()), 1e-9)
-    fig, ax = plt.subplots(figsize=(1 + 0.5 * n_heads, 1 + 0.4 * n_layers))
-    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_xticks(range(n_heads))
-    ax.set_yticks(range(n_layers))
-    if n_layers * n_heads <= 64:
-        for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7)
-    fig.colorbar(im, ax=ax, label="effect on logit difference")
-    ax.set_title(title)
-    return fig
+    return layer_head_grid(
+        grid, lambda i, j: f"{grid[i, j]:.2g}", "RdBu", "effect on logit difference", title
+    )
 
 
 def top_features(features: pd.DataFrame, top: int, title: str):
     """One panel per (site, layer): the `top` features by |score|, error term included."""
-    plt = _plt()
+    plt = pyplot()
     keys = sorted({(r.site, int(r.layer)) for r in features.itertuples()}, key=lambda k: k[1])
     n = max(len(keys), 1)
     fig, axes = plt.subplots(1, n, figsize=(4 * n, 0.3 * top + 1.5), squeeze=False)

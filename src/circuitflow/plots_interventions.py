@@ -7,20 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from circuitflow.plots import layer_head_grid, pyplot
 
 
 def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
     """Faithfulness and completeness of the top-n circuit against n, with the random circuits'
     mean and 5-95% band."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharex=True)
     top = curves[curves["circuit"] == "top"].drop_duplicates("n").sort_values("n")
     rand = curves[curves["circuit"] == "random"]
@@ -39,10 +32,15 @@ def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
             color="C0",
             label="top-n by attribution",
         )
+        graph = curves[curves["circuit"] == "graph"]
+        if len(graph):
+            ax.plot(graph["n"], graph[metric], "D", color="C1", label="attribution graph")
         if metric == "faithfulness":
             ax.axhline(threshold, color="C3", lw=0.8, ls=":", label=f"{threshold:g}")
         ax.axhline(0, color="k", lw=0.5)
         ax.axhline(1, color="k", lw=0.5)
+        if top["n"].max() > 64:  # hundreds of feature nodes: small circuits need the room
+            ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("circuit size n (nodes)")
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)
@@ -53,31 +51,26 @@ def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
 
 def head_heatmap(heads: pd.DataFrame, n_layers: int, n_heads: int, title: str):
     """Layer x head grid: share of the logit difference lost when the head is ablated."""
-    plt = _plt()
     grid = np.zeros((n_layers, n_heads))
     err = np.zeros((n_layers, n_heads))
     for r in heads.itertuples():
         grid[int(r.layer), int(r.head)] = r.drop_frac
         err[int(r.layer), int(r.head)] = r.drop_frac_std
-    lim = max(float(np.nanmax(np.abs(grid))), 1e-9)
-    fig, ax = plt.subplots(figsize=(1.5 + 0.7 * n_heads, 1 + 0.5 * n_layers))
-    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_xticks(range(n_heads))
-    ax.set_yticks(range(n_layers))
-    if n_layers * n_heads <= 64:
-        for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, f"{v:.0%}\n±{err[i, j]:.0%}", ha="center", va="center", fontsize=6)
-    fig.colorbar(im, ax=ax, label="logit-difference drop (share)")
-    ax.set_title(f"{title}: single-head ablation", fontsize=9)
-    return fig
+    return layer_head_grid(
+        grid,
+        lambda i, j: f"{grid[i, j]:.0%}\n±{err[i, j]:.0%}",
+        "RdBu_r",
+        "logit-difference drop (share)",
+        f"{title}: single-head ablation",
+        cell_size=(0.7, 0.5),
+        margin=1.5,
+    )
 
 
 def head_sets(sets: pd.DataFrame, title: str, top: int = 15):
     """The largest pair/triplet effects against their additive prediction; grey band: random
     sets of the same size (5-95%)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     if sets.empty:
         ax.text(0.5, 0.5, "no head sets", ha="center", va="center")
@@ -105,7 +98,7 @@ def head_sets(sets: pd.DataFrame, title: str, top: int = 15):
 
 def steering(steer: pd.DataFrame, title: str):
     """Logit difference as alpha varies, per feature (solid) and its random direction (dashed)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if steer.empty:
         ax.text(0.5, 0.5, "no SAE features to steer", ha="center", va="center")
@@ -127,7 +120,7 @@ def steering(steer: pd.DataFrame, title: str):
 
 def heads_across(frame: pd.DataFrame, title: str = "single-head ablation across behaviours"):
     """Behaviour x head grid of drop_frac."""
-    plt = _plt()
+    plt = pyplot()
     frame = frame.assign(label=[f"L{r.layer}H{r.head}" for r in frame.itertuples()])
     grid = frame.pivot_table(index="behaviour", columns="label", values="drop_frac", sort=False)
     lim = max(float(np.nanmax(np.abs(grid.to_numpy()))), 1e-9) if grid.size else 1.0

@@ -211,6 +211,17 @@ def _cols(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     return frame[[c for c in cols if c in frame.columns]]
 
 
+def _first(items: list, n: int) -> str:
+    more = f", ... ({len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(map(str, items[:n])) + more
+
+
+def _graph_cell(graph: dict | None) -> str:
+    if not graph:
+        return "no graph"
+    return f"{graph['faithfulness']:.3f}, {graph['completeness']:.3f} ({graph['n']} nodes)"
+
+
 def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) -> list:
     """Sections of a behaviour's page: attribution's top nodes, the interventions' summary with
     controls, head ablations (single and sets)."""
@@ -223,15 +234,21 @@ def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) ->
         ("logit difference, everything ablated", summary.get("logit_diff_empty")),
         ("circuit size (source)", f"{summary.get('circuit_size')} "
          f"({summary.get('circuit_size_source')})"),
-        ("circuit", summary.get("circuit")),
+        ("circuit (top nodes)", _first(summary.get("circuit") or [], 24)),
         ("faithfulness ± std", f"{summary.get('faithfulness', float('nan')):.3f} ± "
          f"{summary.get('faithfulness_std') or 0:.3f}"),
         ("faithfulness, random circuits (control)", summary.get("random_faithfulness")),
         ("completeness ± std", f"{summary.get('completeness', float('nan')):.3f} ± "
          f"{summary.get('completeness_std') or 0:.3f}"),
         ("completeness, random circuits (control)", summary.get("random_completeness")),
+        ("circuit candidates", f"{summary.get('n_nodes')} nodes: {summary.get('circuit_nodes')}"),
         (f"smallest circuit with faithfulness >= {summary.get('faithfulness_threshold')}",
-         summary.get("smallest_faithful_size")),
+         f"{summary.get('smallest_faithful_size')} nodes "
+         f"{_cell(summary.get('smallest_faithful_by_kind'))}"),
+        ("faithfulness of random circuits of that size (control)",
+         summary.get("random_faithfulness_at_smallest")),
+        ("attribution graph's nodes as a circuit: faithfulness, completeness",
+         _graph_cell(summary.get("graph_circuit"))),
         ("seeds", summary.get("seeds")),
     ]  # fmt: skip
     table = pd.DataFrame(rows, columns=["quantity", "value"]).astype({"value": str})
