@@ -196,6 +196,11 @@ def _submitted(log: str) -> dict[str, list[str]]:
     return jobs
 
 
+# The profile's first status check comes 20 s after a submission and each check that finds
+# nothing finished waits 10 s longer (up to 3 minutes): right for hour-long CSD3 jobs, mostly
+# idle waiting for these seconds-long ones. Only the polling differs from the profile.
+FAST_POLL = ("--slurm-init-seconds-before-status-checks", "5")
+
 SLURM_TINY = {
     **TINY_EMBEDDED,
     "capture": {"n_tokens": 8192},
@@ -214,7 +219,7 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     checkpoints on SIGTERM, and its retry resumes and finishes. About 10 minutes on 2 cores."""
     workdir = tmp_path / "run"
     t0 = time.monotonic()
-    done = run_snakemake(SLURM_TINY, workdir, "--profile", "profiles/local-slurm")
+    done = run_snakemake(SLURM_TINY, workdir, "--profile", "profiles/local-slurm", *FAST_POLL)
     print(f"local Slurm pipeline: {time.monotonic() - t0:.0f} s")
     log = done.stdout + done.stderr
     results = workdir / "results"
@@ -250,6 +255,7 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
         workdir,
         "--profile",
         "profiles/local-slurm",
+        *FAST_POLL,
         str(sae_dir),
         # Only the missing SAE: not whatever else a code edit since the first run touched.
         "--rerun-triggers",
