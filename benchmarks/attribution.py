@@ -4,7 +4,8 @@ and extrapolate to GPT-2 small, 12 SAEs, 256 prompts on an A100.
 
 Estimate method: measure seconds per prompt for each part (fast method, exact patching of
 heads/MLPs, edges) on this machine with `--n-saes` SAEs on resid_post; count the FLOPs of one
-forward pass (2 x parameters x tokens, plus SAE encode/decode) and measure this machine's
+forward pass (perf.attribution_forward_flops_per_prompt: the blocks, the unembedding and each
+SAE's encode and two decodes) and measure this machine's
 achieved FLOP/s on the same forward; the A100 time is measured_time x (cpu FLOP/s / A100 FLOP/s)
 with the A100 at an assumed 40% of 156 TFLOP/s TF32 (small batches, hook overhead). Prints JSON.
 """
@@ -35,6 +36,7 @@ def main() -> None:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from circuitflow import attribution as attr
+    from circuitflow import perf
 
     torch.manual_seed(0)
     cfg = HookedTransformerConfig(
@@ -85,11 +87,11 @@ def main() -> None:
         t1 = time.perf_counter()
         model(tokens)
         fwd = time.perf_counter() - t1
-    n_params = sum(p.numel() for p in model.parameters())
-    sae_flops = 2 * 2 * 768 * args.d_sae * len(saes)
-    flops_fwd = (2 * n_params + sae_flops) * tokens.numel()
+    flops_fwd = args.n_prompts * perf.attribution_forward_flops_per_prompt(
+        cfg, args.seq, len(saes), args.d_sae
+    )
     cpu_flops = flops_fwd / fwd
-    a100 = 0.4 * 156e12
+    a100 = 0.4 * perf.NOMINAL_PEAK_FLOPS["A100"]["float32"]
     per_prompt = total / args.n_prompts
     est = per_prompt * args.target_prompts * cpu_flops / a100
     print(

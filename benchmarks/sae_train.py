@@ -27,6 +27,7 @@ import torch
 from sae_lens.config import SAETrainerConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
+from circuitflow.perf import measured_peak_flops, sae_training_flops_per_token
 from circuitflow.sae_data import (
     ActivationStream,
     ActivationStreamConfig,
@@ -36,19 +37,6 @@ from circuitflow.sae_data import (
 from circuitflow.sae_training import ControlledSAETrainer, SAETrainConfig, build_training_sae
 
 SIZES = {"small": (64, 8, 16), "gpt2": (768, 32, 32)}  # d_in, expansion, k
-
-
-def peak_flops(device: str, n: int = 2048, reps: int = 5) -> float:
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
 def time_fit(trainer: SAETrainer, steps: int, batch: int, device: str) -> tuple[float, float]:
@@ -140,7 +128,7 @@ def bench(
     b = statistics.median(x[0] for x in base_r)
     d_sae = d_in * exp
     # Encoder + dense decoder matmuls, forward and backward (x3): 12 * d_in * d_sae per token.
-    roof = peak / (12 * d_in * d_sae)
+    roof = peak / sae_training_flops_per_token(d_in, d_sae)
     tag = "bf16-autocast" if autocast else "fp32"
     print(
         f"{name:6s} {tag:13s} d_in={d_in:4d} d_sae={d_sae:6d} k={k:3d} batch={batch}: "
@@ -189,7 +177,7 @@ def main() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    peak = peak_flops(args.device)
+    peak = measured_peak_flops(args.device)
     print(
         f"device={args.device} threads={torch.get_num_threads()} "
         f"measured peak matmul {peak / 1e9:.1f} GFLOP/s"

@@ -1,11 +1,16 @@
 #!/usr/bin/env python
 """Tables and summary figures for the report: `sae` (SAE metrics per layer and the L0
 controller), `baseline` (every behaviour's baseline metrics), `behaviour` (top attribution
-nodes, faithfulness and completeness with controls, head ablations) and `provenance` (the
-reproducibility checklist). HTML pages for the report, CSVs beside them."""
+nodes, faithfulness and completeness with controls, head ablations), `provenance` (the
+reproducibility checklist) and `gpu_hours` (GPU-hours of a full run from the GPU benchmark
+suite's results). HTML pages for the report, CSVs beside them."""
 
 import argparse
+from pathlib import Path
 
+import pandas as pd
+
+from circuitflow import config as cf_config
 from circuitflow import report_tables as rt
 from circuitflow.cli import main
 from circuitflow.io import save_figure, write_text
@@ -52,6 +57,31 @@ def provenance(args) -> None:
     write_text(args.out_html, rt.page("Provenance", sections, intro))
 
 
+def gpu_hours(args) -> None:
+    from circuitflow import gpu_hours as gh
+    from circuitflow import gpu_suite
+
+    run_config = cf_config.load(args.config)
+    reference = cf_config.load(args.reference_config)
+    name = f"the CSD3 reference run ({Path(args.reference_config).name})"
+    sections = rt.gpu_hours_sections(args.suite, run_config, reference, name)
+    frames = []
+    for path in args.suite:
+        try:
+            frame = gh.estimate(gpu_suite.load(path), reference)
+        except ValueError:
+            continue
+        frames.append(frame.assign(suite=Path(path).name, config=Path(args.reference_config).name))
+    _csv(args.out_csv, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    intro = (
+        "A100-hours of a full run, stage by stage, from the rates benchmarks/gpu_suite.py "
+        "measured (benchmarks/results/*.json). A result from a GPU other than an A100, or from "
+        "a CPU, is projected by its roofline share and says so; baseline and interventions are "
+        "not in the suite."
+    )
+    write_text(args.out_html, rt.page("GPU-hours of a full run", sections, intro))
+
+
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +106,13 @@ def run() -> None:
     p.add_argument("--provenance-dir", required=True)
     p.add_argument("--out-html", required=True)
     p.set_defaults(func=provenance)
+    p = sub.add_parser("gpu_hours", help="GPU-hours of a full run from GPU suite results")
+    p.add_argument("--suite", nargs="*", default=[], help="benchmarks/results/*.json")
+    p.add_argument("--config", required=True, help="this run's resolved config (JSON or YAML)")
+    p.add_argument("--reference-config", required=True, help="e.g. config/qwen2.5-0.5b.yaml")
+    p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-html", required=True)
+    p.set_defaults(func=gpu_hours)
     args = parser.parse_args()
     args.func(args)
 

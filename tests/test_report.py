@@ -40,6 +40,7 @@ SHOWN = [
     ("Tables", ["induction", "attribution and ablation tables"], "tables.html"),
     ("Job costs", ["wall time and memory"], "job_costs.png"),
     ("Job costs", ["table"], "job_costs.html"),
+    ("Job costs", ["GPU-hours of a full run"], "gpu_hours.html"),
     ("Provenance", ["reproducibility checklist"], "provenance.html"),
 ]
 CHROMIUM_FLAGS = [

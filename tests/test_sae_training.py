@@ -122,7 +122,28 @@ def test_batchtopk_trains_and_saves_as_jumprelu(tmp_path):
     assert metrics["architecture"] == "batchtopk" and 2 < metrics["l0"] < 40
 
 
+def test_batch_size_auto_comes_from_the_memory_plan(tmp_path, monkeypatch):
+    from circuitflow import memory, sae_training
+
+    model = tiny_model()
+    acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=64)
+    info = read_activation_info(acts)
+    cfg = SAETrainConfig(total_tokens=8192, batch_size="auto", k=8, eval_contexts=8)
+    estimate = sae_training.memory_estimate(cfg, info, "cpu", resident=0)
+    # A machine with room for 300 rows: the plan picks 256, the largest power of two that fits.
+    room = estimate.total(300)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(room / 0.8))
+    plan = sae_training.plan_batch_size(cfg, info, "cpu")
+    assert plan.batch_size == 256 and plan.estimate_bytes == estimate.total(256)
+    metrics = train_sae(acts, tmp_path / "out", cfg, model)
+    assert metrics["config"]["batch_size"] == 256
+    assert metrics["tokens_trained"] == 8192
+    assert metrics["planned_memory_mb"] > 0
+
+
 def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="sae.batch_size"):
+        SAETrainConfig.from_dict({"batch_size": "big"})
     with pytest.raises(ConfigError, match="sae.architecture"):
         SAETrainConfig.from_dict({"architecture": "gated"})
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['widht'\]"):

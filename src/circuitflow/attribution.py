@@ -554,6 +554,28 @@ def components_table(frame: pd.DataFrame) -> pd.DataFrame:
     return comp[cols].sort_values("score", key=np.abs, ascending=False).reset_index(drop=True)
 
 
+# --- memory -----------------------------------------------------------------------------------
+def plan_batch_size(model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig):
+    """The memory plan's batch size (prompts), at most `cfg.batch_size`: the gradient passes hold
+    every layer's activations and every SAE's features, and integrated gradients for heads runs
+    n_heads copies of the batch, so a batch that fits a small model can exceed a GPU on a real
+    one. Batching changes no score (each is a mean over prompts). Returns memory.BatchPlan."""
+    from circuitflow import memory
+
+    params = list(model.parameters())
+    device = str(params[0].device)
+    length = max((len(t) for t in prompts["clean_tokens"]), default=1)
+    d_sae = max((sae.cfg.d_sae for sae in saes.values()), default=0)
+    estimate = memory.estimate_attribution(
+        model.cfg, sum(p.numel() for p in params), length, len(saes), d_sae, params[0].dtype,
+        device, cfg.method,
+    )  # fmt: skip
+    loaded = estimate.weights  # the model and SAEs are on the device already
+    return memory.plan_batch_size(
+        estimate, cfg.batch_size, available=memory.available_bytes(device) + loaded
+    )
+
+
 # --- SAEs -------------------------------------------------------------------------------------
 def load_saes(sae_dirs: list[Path | str], device) -> dict[str, Any]:
     """hook name -> SAE (eval mode, on `device`), from SAELens directories."""

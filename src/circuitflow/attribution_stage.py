@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,15 @@ def run(
     """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
     graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`."""
     out = Path(out_dir)
+    plan = attr.plan_batch_size(model, prompts, saes, cfg)
+    if plan.batch_size < cfg.batch_size:
+        log.warning(
+            "%s: attribution.batch_size %d lowered by the %s",
+            behaviour,
+            cfg.batch_size,
+            plan.describe(),
+        )
+        cfg = replace(cfg, batch_size=plan.batch_size)
     t0 = time.perf_counter()
     scores = attr.attribute(model, prompts, saes, cfg)
     frame = attr.with_score(scores.frame, cfg.method)
@@ -59,7 +68,8 @@ def run(
         "metric_corrupted": scores.metric_corrupted,
         "n_prompts": scores.n_prompts,
         "validation": validation,
-        "config": asdict(cfg),
+        "config": asdict(cfg),  # batch_size as run (the memory plan may lower it)
+        "memory_plan": plan.describe(),
         "seconds": timing,
         "seconds_per_prompt": timing["total"] / max(scores.n_prompts, 1),
     }

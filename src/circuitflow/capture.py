@@ -211,6 +211,7 @@ class CaptureResult:
     resumed_from: int
     peak_memory_mb: float
     estimate_mb: float
+    planned_peak_mb: float = 0.0  # the memory plan's estimate at the largest batch run
 
 
 def _sigterm_flag() -> tuple[dict, Callable[[], None]]:
@@ -409,6 +410,7 @@ def capture(
         resumed_from=resumed_from,
         peak_memory_mb=memory.peak_memory_bytes(device) / memory.MiB,
         estimate_mb=(plan.estimate_bytes + max(0, resident - estimate.weights)) / memory.MiB,
+        planned_peak_mb=estimate.total(min(backoff.batch_size, unit, stop - start)) / memory.MiB,
     )
     log.info(
         "captured %d tokens x %d hooks in %.1f s: %.0f tokens/s, %.1f MB/s written, "

@@ -18,6 +18,6 @@ def main(run: Callable[[], None]) -> None:
     )
     try:
         run()
-    except (ConfigError, FileNotFoundError, ValueError) as err:
+    except (ConfigError, FileNotFoundError, ValueError, MemoryError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -78,6 +78,67 @@ def peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_rss_high_water() -> bool:
+    """Reset this process's resident-set high-water mark (Linux >= 4.0); False where refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMeter:
+    """Peak memory of the work inside a `with` block, on the device it runs on.
+
+    CUDA: the allocator's peak of allocated bytes inside the block (`peak`), and that minus what
+    was allocated on entry (`delta`). CPU: the process's resident-set high-water mark (VmHWM,
+    reset on entry through /proc/self/clear_refs) and that minus the resident set on entry.
+    Where the high-water mark cannot be reset, `exact` is False and the CPU figures are the
+    process's lifetime peak (ru_maxrss), an upper bound.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.base = self.peak = 0
+        self.exact = True
+
+    def __enter__(self) -> PeakMeter:
+        import gc
+
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = int(torch.cuda.memory_allocated())
+        else:
+            self.exact = _reset_rss_high_water()
+            self.base = current_memory_bytes(self.device)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            self.peak = int(torch.cuda.max_memory_allocated())
+        else:
+            hwm = _proc_status_bytes("VmHWM") if self.exact else None
+            self.peak = hwm if hwm is not None else peak_memory_bytes(self.device)
+
+    @property
+    def delta(self) -> int:
+        """Peak bytes the block added on top of what was held on entry."""
+        return max(0, self.peak - self.base)
+
+
 def dtype_bytes(dtype: torch.dtype | str) -> int:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
@@ -85,27 +146,69 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
 
 
 @dataclass(frozen=True)
-class ForwardEstimate:
-    """Peak memory of a batched forward pass as `fixed + per_context * batch_size` bytes."""
+class Estimate:
+    """Peak memory of a stage's batched work as a function of its batch size n (contexts, rows
+    or prompts): `fixed + per_item * n` bytes where the limit applies (the GPU on CUDA; host and
+    device together on CPU, where they are the same memory), or the peak of a phase that does not
+    grow with n (an optimiser step) when that is higher."""
 
-    weights: int  # model parameters (on the compute device)
-    per_context_device: int  # working activations of one context on the compute device
-    per_context_host: int  # captured activations of one context held on the host
-    buffers: int  # fixed host buffers (write caches, token arrays)
+    weights: int  # parameters on the compute device (model, SAEs)
+    per_context_device: int  # working bytes of one more item on the compute device
+    per_context_host: int  # host bytes of one more item (captured rows awaiting the write)
+    buffers: int  # fixed host bytes (write caches, shuffle buffers)
     device: str
+    fixed_device: int = 0  # other fixed device bytes: optimiser state, weight copies
+    other_phases: tuple[int, ...] = ()  # peaks of phases independent of n, where the limit applies
+    item: str = "context"
 
     def fixed(self) -> int:
-        return self.weights + self.buffers
+        host = 0 if self.device.startswith("cuda") else self.buffers
+        return self.weights + self.fixed_device + host
 
     def per_context(self) -> int:
-        """Bytes one more context costs where the limit applies (host and device are the same
-        memory on CPU)."""
+        """Bytes one more item costs where the limit applies."""
         if self.device.startswith("cuda"):
             return self.per_context_device
         return self.per_context_device + self.per_context_host
 
+    per_item = per_context
+
     def total(self, batch_size: int) -> int:
-        return self.fixed() + self.per_context() * batch_size
+        return max(self.fixed() + self.per_context() * batch_size, *self.other_phases, 0)
+
+    def host(self, batch_size: int) -> int:
+        """Host bytes at `batch_size` (on CPU part of `total`)."""
+        return self.buffers + self.per_context_host * batch_size
+
+
+ForwardEstimate = Estimate  # the capture stage's name for it
+
+
+def _model_dims(cfg) -> tuple[int, int, int, int, int, int]:
+    d, h = cfg.d_model, cfg.n_heads
+    d_head = getattr(cfg, "d_head", None) or d // h
+    kv = getattr(cfg, "n_key_value_heads", None) or h
+    return d, h, d_head, kv, cfg.d_mlp or 4 * d, cfg.d_vocab
+
+
+def _mlp_copies(cfg, grad: bool) -> int:
+    """MLP-width tensors per token alive at the MLP's peak. TransformerLens computes gelu_new as
+    eight eager elementwise ops and a gated MLP as silu(gate) * up, so both hold four d_mlp-wide
+    tensors at once without grad, and save four (gelu_new) or three (gated) for backward; a
+    single-op activation (gelu, relu, silu, PyTorch's tanh gelu) holds two and saves one."""
+    if getattr(cfg, "gated_mlp", False):
+        return 3 if grad else 4
+    if getattr(cfg, "act_fn", None) in ("gelu", "relu", "silu", "gelu_pytorch_tanh"):
+        return 1 if grad else 2
+    return 4  # gelu_new, gelu_fast, solu and unknown ones: the eager elementwise chains
+
+
+def _weight_copy_bytes(cfg, c: int, unembed: bool) -> int:
+    """The largest weight TransformerLens copies per call (`.T.contiguous()`: W_O, the gated
+    MLP's matrices, W_U): alive next to the activations of the layer that uses it."""
+    d, h, dh, _kv, m, v = _model_dims(cfg)
+    largest = max(h * dh * d, d * m if getattr(cfg, "gated_mlp", False) else 0)
+    return max(largest, d * v if unembed else 0) * c
 
 
 def estimate_forward(
@@ -118,31 +221,170 @@ def estimate_forward(
     storage_dtype: torch.dtype | str,
     device: str,
     buffers: int = 0,
-) -> ForwardEstimate:
-    """Estimate from a HookedTransformerConfig-like object (n_layers, d_model, n_heads, d_mlp).
+) -> Estimate:
+    """Peak memory of a no-grad forward pass (the capture stage) from a HookedTransformerConfig.
 
-    A no-grad forward keeps a handful of tensors alive at once: the residual stream and its
-    normalised copy, q/k/v and the attention scores and pattern of one layer, the MLP hidden
-    layer, plus every captured hook's output (which must live until it is copied out). Layers
-    past `stop_at_layer` and the unembedding (the logits, often the largest tensor) are not run.
+    Counted from how TransformerLens computes a block eagerly (checked against measured peaks on
+    CPU by tests/test_memory_accuracy.py), in tensors of one context:
+    - attention: the residual stream, the three LayerNorm outputs (q, k and v get one each),
+      q, k, v (GQA: fewer k/v heads), and the scores' softmax chain (masked scores, pattern,
+      its NaN mask and the cleaned pattern: 4.25 [heads, t, t] tensors) or, with rotary
+      positions, the rotation's four temporaries of q, whichever is larger;
+    - MLP: four residual-width tensors and the activation's d_mlp-wide temporaries;
+    plus each captured hook's output awaiting its write (`storage_dtype`, on the host), one
+    weight copy (`_weight_copy_bytes`), and the logits when the unembedding runs.
     """
     c = dtype_bytes(compute_dtype)
     t = context_length
-    d, h, m = model_cfg.d_model, model_cfg.n_heads, model_cfg.d_mlp or 4 * model_cfg.d_model
-    d_head = getattr(model_cfg, "d_head", d // h)
-    resid = 4 * t * d  # residual, LN output, attention output, block output
-    attn = 3 * t * h * d_head + 2 * h * t * t  # q, k, v; scores and pattern
-    mlp = 2 * t * m  # pre- and post-activation
-    per_device = (resid + attn + mlp + n_captured * t * d) * c
+    d, h, dh, kv, m, v = _model_dims(model_cfg)
+    rotary = getattr(model_cfg, "positional_embedding_type", "") == "rotary"
+    q = t * h * dh
+    attn = 4 * t * d + q + 2 * t * kv * dh + max(4.25 * h * t * t, 4 * q if rotary else 0)
+    mlp = 4 * t * d + _mlp_copies(model_cfg, grad=False) * t * m
+    per_device = max(attn, mlp) * c
     if stop_at_layer is None:
-        per_device += t * model_cfg.d_vocab * max(c, 4)  # logits (fp32 upcast in the loss)
-    per_host = n_captured * t * d * (dtype_bytes(storage_dtype) + 4)  # copy + staging
-    return ForwardEstimate(
+        per_device += 2 * t * v * max(c, 4)  # logits and their fp32 copy in the loss
+    captured = n_captured * t * d * dtype_bytes(storage_dtype)
+    if device.startswith("cuda"):
+        per_device += t * d * dtype_bytes(storage_dtype)  # one hook's copy before it moves
+    return Estimate(
         weights=n_params * c,
-        per_context_device=int(per_device * 1.2),  # allocator fragmentation and temporaries
-        per_context_host=per_host,
+        per_context_device=int(per_device),
+        per_context_host=captured,
         buffers=buffers,
         device=device,
+        fixed_device=_weight_copy_bytes(model_cfg, c, unembed=stop_at_layer is None),
+    )
+
+
+# SAE training: tensors of width d_sae per training row alive at the step's peak (the backward
+# pass), counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead
+# latents included), backward and the trainer's firing statistics, on CPU at fp32 by
+# tests/test_memory_accuracy.py; plus d_in-wide ones (input, reconstruction, residual, grads).
+SAE_WIDE_PER_ROW = {"topk": 11.0, "batchtopk": 12.0, "jumprelu": 9.5, "standard": 8.5}
+SAE_NARROW_PER_ROW = 8
+# Parameters, gradients and Adam's two moments are 4 copies of the SAE's parameters; Adam's
+# step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
+SAE_OPTIMISER_COPIES = 5.75
+SAE_AUTO_MAX_BATCH = 16384  # sae.batch_size auto: the largest power of two up to this that fits
+
+
+def sae_param_bytes(d_in: int, d_sae: int, dtype_size: int = 4) -> int:
+    return (2 * d_in * d_sae + 2 * d_sae + d_in) * dtype_size
+
+
+def estimate_sae_training(
+    d_in: int,
+    d_sae: int,
+    architecture: str,
+    device: str,
+    n_file_rows: int,
+    shuffle_buffer_rows: int,
+    chunk_rows: int = 4096,
+    storage_dtype: torch.dtype | str = "float16",
+    resident: int = 0,
+) -> Estimate:
+    """Peak memory of SAE training (the train_sae stage's loop) per training row.
+
+    Device: `resident` bytes (the model, loaded for the spliced evaluation), the SAE's fp32
+    parameters, gradients and Adam state (4 copies), and per row SAE_WIDE_PER_ROW d_sae-wide and
+    SAE_NARROW_PER_ROW d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
+    phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
+    while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
+    it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
+    """
+    if architecture not in SAE_WIDE_PER_ROW:
+        raise ValueError(
+            f"sae.architecture: {architecture!r}; allowed: {', '.join(SAE_WIDE_PER_ROW)}"
+        )
+    params = sae_param_bytes(d_in, d_sae)
+    per_row = int((SAE_WIDE_PER_ROW[architecture] * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
+    block = max(1, min(chunk_rows, n_file_rows))
+    rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
+    group = rows * d_in * 4
+    refill = rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)  # read, permuted, widened
+    cuda = device.startswith("cuda")
+    optimiser = resident + int(SAE_OPTIMISER_COPIES * params)
+    if cuda:
+        phases = (optimiser,)
+        per_row_host = 5 * d_in * 4  # pinned batches queued by the prefetch thread
+        host = group + refill
+    else:
+        phases = (optimiser + group, resident + 4 * params + group + refill)
+        per_row_host = 0
+        host = group
+    return Estimate(
+        weights=resident + params,
+        per_context_device=per_row,
+        per_context_host=per_row_host,
+        buffers=host,
+        device=device,
+        fixed_device=3 * params,
+        other_phases=phases,
+        item="row",
+    )
+
+
+# Attribution: a forward with gradients on through every layer with the SAEs spliced, then the
+# backward. Per token and layer, TransformerLens saves for the backward the LayerNorm (RMSNorm)
+# chains of its four norm calls, q/k/v/z and the residual adds' operands (ATTRIBUTION_RESID, in
+# d_model-wide tensors), the MLP activation's inputs (_mlp_copies) and 2.5 [heads, t, t] tensors
+# (softmax output and the cleaned pattern); the attribution keeps the corrupted and clean
+# activations and their gradients. Per token overall: the embedding's chain, the final norm and
+# ATTRIBUTION_LOGITS copies of the logits (and their gradient); per spliced SAE 3.3 d_sae-wide
+# fp32 tensors (features, their gradient, the corrupted features). Fixed: the weight copies the
+# backward keeps (W_O and, in gated MLPs, W_gate, W_in and W_out per layer; W_U). Counted on CPU
+# at fp32 by tests/test_memory_accuracy.py.
+ATTRIBUTION_RESID = {"LN": 12.8, "RMS": 10.1}
+ATTRIBUTION_TOKEN_RESID = {"LN": 12.2, "RMS": 8.5}
+ATTRIBUTION_SCORES = 2.5
+ATTRIBUTION_LOGITS = 2
+ATTRIBUTION_SAE = 3.3
+ATTRIBUTION_WO_COPIES = 2.3  # W_O's copy and the projections' saved layouts (LN models)
+
+
+def estimate_attribution(
+    model_cfg,
+    n_params: int,
+    prompt_length: int,
+    n_saes: int,
+    d_sae: int,
+    compute_dtype: torch.dtype,
+    device: str,
+    method: str = "ig",
+) -> Estimate:
+    """Peak memory of the attribution stage per prompt (`method` atp or ig).
+
+    Integrated gradients for heads runs one copy of the batch per head through the forward and
+    backward, so with `ig` a prompt costs n_heads times the gradient pass of `atp`.
+    """
+    c = dtype_bytes(compute_dtype)
+    t = prompt_length
+    d, h, dh, _kv, m, v = _model_dims(model_cfg)
+    norm_type = str(getattr(model_cfg, "normalization_type", None) or "")
+    norm = "RMS" if norm_type.startswith("RMS") else "LN"
+    layer = (
+        ATTRIBUTION_RESID[norm] * d
+        + _mlp_copies(model_cfg, grad=True) * m
+        + ATTRIBUTION_SCORES * h * t
+    )
+    per_token = model_cfg.n_layers * layer + ATTRIBUTION_TOKEN_RESID[norm] * d
+    per_prompt = t * per_token * c + ATTRIBUTION_LOGITS * t * v * c
+    per_prompt += int(ATTRIBUTION_SAE * n_saes * t * d_sae * 4)  # SAEs run in fp32
+    if method == "ig":
+        per_prompt *= h
+    gated = getattr(model_cfg, "gated_mlp", False)
+    copies = ATTRIBUTION_WO_COPIES * h * dh * d if norm == "LN" else h * dh * d
+    copies += 3 * d * m if gated else 0
+    fixed = int(model_cfg.n_layers * copies * c + d * v * c)
+    return Estimate(
+        weights=n_params * c + n_saes * sae_param_bytes(d, d_sae),
+        per_context_device=int(per_prompt),
+        per_context_host=0,
+        buffers=0,
+        device=device,
+        fixed_device=fixed,
+        item="prompt",
     )
 
 
@@ -152,36 +394,36 @@ class BatchPlan:
     estimate_bytes: int
     available_bytes: int
     budget_bytes: int
+    item: str = "context"
 
     def describe(self) -> str:
         return (
-            f"memory plan: batch {self.batch_size} contexts, estimated peak "
+            f"memory plan: batch {self.batch_size} {self.item}s, estimated peak "
             f"{self.estimate_bytes / MiB:.0f} MiB of a {self.budget_bytes / MiB:.0f} MiB budget "
             f"({self.available_bytes / MiB:.0f} MiB available)"
         )
 
 
 def plan_batch_size(
-    estimate: ForwardEstimate,
+    estimate: Estimate,
     max_batch_size: int,
     fraction: float = 0.8,
     available: int | None = None,
 ) -> BatchPlan:
     """The largest power-of-two batch size (at most `max_batch_size`) whose estimated peak fits
-    in `fraction` of the available memory; raises MemoryError when not even one context fits."""
+    in `fraction` of the available memory; raises MemoryError when not even one item fits."""
     available = available_bytes(estimate.device) if available is None else available
     budget = int(available * fraction)
-    room = budget - estimate.fixed()
-    if room < estimate.per_context():
+    if estimate.total(1) > budget:
         raise MemoryError(
-            f"not enough memory on {estimate.device}: the model needs about "
-            f"{estimate.total(1) / MiB:.0f} MiB for one context, {budget / MiB:.0f} MiB is "
-            "available; use a larger machine, a smaller dtype or a shorter context"
+            f"not enough memory on {estimate.device}: the work needs about "
+            f"{estimate.total(1) / MiB:.0f} MiB for one {estimate.item}, {budget / MiB:.0f} MiB "
+            "is available; use a larger machine, a smaller dtype or a shorter context"
         )
     batch = 1
     while batch * 2 <= max_batch_size and estimate.total(batch * 2) <= budget:
         batch *= 2
-    return BatchPlan(batch, estimate.total(batch), available, budget)
+    return BatchPlan(batch, estimate.total(batch), available, budget, estimate.item)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -233,3 +475,112 @@ class OOMBackoff:
                 log.warning("out of memory: batch size halved to %d", self.batch_size)
                 if self.on_change is not None:
                     self.on_change(self.batch_size)
+
+
+# --- GPU presets: batch sizes per GPU type, from the estimates above -----------------------------
+@dataclass(frozen=True)
+class GPUType:
+    name: str
+    memory_bytes: int  # total memory as nvidia-smi reports it
+    dtype: torch.dtype  # the model's compute dtype there (`model.dtype: auto`)
+
+
+GPU_TYPES = (
+    GPUType("A100-80GB", 81920 * MiB, torch.bfloat16),
+    GPUType("H100-80GB", 81559 * MiB, torch.bfloat16),
+    GPUType("T4-16GB", 15360 * MiB, torch.float16),
+)
+CUDA_RESERVED = 1024 * MiB  # CUDA context, cuBLAS workspace, allocator slack
+PRESET_MODELS = ("gpt2-small", "qwen2.5-0.5b")
+# What the presets assume: the real-model configs (config/gpt2-small.yaml, qwen2.5-0.5b.yaml).
+PRESET_CONTEXT = 128  # capture.context_length
+PRESET_CAPTURE_TOKENS = 4_194_304  # capture.n_tokens (the SAE's file)
+PRESET_SAE = ("topk", 32)  # sae.architecture, sae.expansion_factor
+PRESET_PROMPT_LENGTH = 32  # tokens per attribution prompt (IOI and capitals prompts are shorter)
+PRESET_CAPS = {"capture": 256, "sae": SAE_AUTO_MAX_BATCH, "attribution": 256}
+
+
+def gpu_presets(
+    gpus: tuple[GPUType, ...] = GPU_TYPES,
+    models: tuple[str, ...] = PRESET_MODELS,
+    fraction: float = 0.8,
+    attribution_method: str = "ig",
+) -> list[dict]:
+    """Per GPU type and model: the batch size each stage's memory plan picks (a power of two up
+    to PRESET_CAPS; every layer's resid_post captured and spliced) and its planned peak, or 0
+    where not even one item fits."""
+    from circuitflow import architectures
+
+    rows = []
+    for gpu in gpus:
+        available = gpu.memory_bytes - CUDA_RESERVED
+        for name in models:
+            cfg = architectures.config(name)
+            n_params = architectures.n_params(cfg)
+            d, layers = cfg.d_model, cfg.n_layers
+            d_sae = PRESET_SAE[1] * d
+            estimates = {
+                "capture": estimate_forward(
+                    cfg, n_params, PRESET_CONTEXT, layers, layers, gpu.dtype, "float16", "cuda"
+                ),
+                "sae": estimate_sae_training(
+                    d,
+                    d_sae,
+                    PRESET_SAE[0],
+                    "cuda",
+                    n_file_rows=PRESET_CAPTURE_TOKENS,
+                    shuffle_buffer_rows=262_144,
+                    resident=n_params * dtype_bytes(gpu.dtype),
+                ),
+                "attribution": estimate_attribution(
+                    cfg, n_params, PRESET_PROMPT_LENGTH, layers, d_sae, gpu.dtype, "cuda",
+                    attribution_method,
+                ),
+            }  # fmt: skip
+            row = {"gpu": gpu.name, "model": name, "dtype": str(gpu.dtype).removeprefix("torch.")}
+            for stage, est in estimates.items():
+                try:
+                    plan = plan_batch_size(est, PRESET_CAPS[stage], fraction, available)
+                    row[stage], row[f"{stage}_gib"] = plan.batch_size, plan.estimate_bytes / 2**30
+                except MemoryError:
+                    row[stage], row[f"{stage}_gib"] = 0, est.total(1) / 2**30
+            rows.append(row)
+    return rows
+
+
+def presets_markdown(rows: list[dict] | None = None) -> str:
+    """The presets as the Markdown table the README shows."""
+    rows = gpu_presets() if rows is None else rows
+    lines = [
+        "| GPU | model | dtype | capture batch (contexts) | SAE batch (rows) | "
+        "attribution batch (prompts, ig) |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+
+    def cell(row: dict, stage: str) -> str:
+        if not row[stage]:
+            return f"does not fit ({row[f'{stage}_gib']:.1f} GiB at 1)"
+        return f"{row[stage]} ({row[f'{stage}_gib']:.1f} GiB)"
+
+    for r in rows:
+        stages = " | ".join(cell(r, s) for s in ("capture", "sae", "attribution"))
+        lines.append(f"| {r['gpu']} | {r['model']} | {r['dtype']} | {stages} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m circuitflow.memory",
+        description="The memory planner's batch sizes per GPU type (presets).",
+    )
+    p.add_argument("command", choices=["presets"])
+    p.add_argument("--fraction", type=float, default=0.8, help="share of GPU memory to plan for")
+    p.add_argument("--method", default="ig", choices=["ig", "atp"], help="attribution method")
+    args = p.parse_args(argv)
+    print(presets_markdown(gpu_presets(fraction=args.fraction, attribution_method=args.method)))
+
+
+if __name__ == "__main__":
+    main()

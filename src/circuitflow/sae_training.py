@@ -34,6 +34,7 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 from transformer_lens import HookedTransformer
 
+from circuitflow import memory
 from circuitflow.io import write_json
 from circuitflow.sae_checkpoint import (
     CheckpointError,
@@ -114,7 +115,7 @@ class SAETrainConfig:
     lr_warm_up_steps: int = 10
     lr_decay_fraction: float = 0.2
     total_tokens: int = 1_000_000
-    batch_size: int = 1024
+    batch_size: int | Literal["auto"] = 1024  # auto: planned from the device's memory
     normalize_activations: Literal["none", "expected_average_only_in"] = "expected_average_only_in"
     shuffle_buffer_tokens: int = 262_144
     checkpoint_every_tokens: int = 250_000
@@ -160,10 +161,18 @@ class SAETrainConfig:
             "dead_window_tokens",
             "eval_contexts",
         )
+        if self.batch_size != "auto" and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+        ):
+            raise ConfigError(
+                f"sae.batch_size: must be a positive integer or 'auto', got {self.batch_size!r}"
+            )
         for key in positive:
+            if key == "batch_size" and self.batch_size == "auto":
+                continue
             if not getattr(self, key) > 0:
                 raise ConfigError(f"sae.{key}: must be positive, got {getattr(self, key)!r}")
-        if self.total_tokens < self.batch_size:
+        if self.batch_size != "auto" and self.total_tokens < self.batch_size:
             raise ConfigError("sae.total_tokens: must be at least sae.batch_size")
         if not 0 <= self.lr_decay_fraction < 1:
             raise ConfigError("sae.lr_decay_fraction: must be in [0, 1)")
@@ -313,6 +322,7 @@ def _trainer_state(
         "scaling_factor": trainer.activation_scaler.scaling_factor,
         "controller": trainer.controller.state_dict() if trainer.controller else None,
         "data_position": stream.position,
+        "batch_size": int(trainer.cfg.train_batch_size_samples),
         "wall_time_s": clock.elapsed(),
     }
 
@@ -351,6 +361,72 @@ def _peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _param_bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _dead_window_steps(cfg: SAETrainConfig) -> int:
+    return max(1, math.ceil(cfg.dead_window_tokens / int(cfg.batch_size)))
+
+
+def trainer_config(cfg: SAETrainConfig, info: ActivationFileInfo, device: str) -> SAETrainerConfig:
+    """SAELens's trainer config for `cfg` (batch size resolved) on activations `info`."""
+    batch = int(cfg.batch_size)
+    total_steps = cfg.total_tokens // batch
+    dead_window_steps = _dead_window_steps(cfg)
+    return SAETrainerConfig(
+        total_training_samples=total_steps * batch,
+        train_batch_size_samples=batch,
+        lr=cfg.lr,
+        # Constant schedule: lr_end is unused by SAELens there, but it must be given explicitly.
+        lr_end=cfg.lr,
+        lr_scheduler_name="constant",
+        lr_warm_up_steps=min(cfg.lr_warm_up_steps, total_steps // 2),
+        lr_decay_steps=int(total_steps * cfg.lr_decay_fraction),
+        device=device,
+        autocast=cfg.autocast,
+        dead_feature_window=(
+            cfg.jumprelu.dead_window_steps or dead_window_steps
+            if cfg.architecture == "jumprelu"
+            else dead_window_steps
+        ),
+        feature_sampling_window=max(1, total_steps),
+        n_batches_for_norm_estimate=min(100, max(1, info.n_tokens // batch)),
+    )
+
+
+def memory_estimate(
+    cfg: SAETrainConfig, info: ActivationFileInfo, device: str, resident: int = 0
+) -> memory.Estimate:
+    """The memory planner's estimate of this training run per batch row; `resident` is what
+    already sits on the device for the run (the model, kept for the spliced evaluation)."""
+    return memory.estimate_sae_training(
+        info.d_in,
+        cfg.d_sae or cfg.expansion_factor * info.d_in,
+        cfg.architecture,
+        device,
+        n_file_rows=info.n_tokens,
+        shuffle_buffer_rows=cfg.shuffle_buffer_tokens,
+        chunk_rows=info.chunk_rows,
+        resident=resident,
+    )
+
+
+def plan_batch_size(
+    cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model: Any = None
+) -> memory.BatchPlan:
+    """`sae.batch_size: auto`: the largest power of two up to memory.SAE_AUTO_MAX_BATCH (and
+    total_tokens) whose estimated peak fits in 80% of the device's memory."""
+    resident = _param_bytes(model) if model is not None else 0
+    plan = memory.plan_batch_size(
+        memory_estimate(cfg, info, device, resident),
+        min(memory.SAE_AUTO_MAX_BATCH, cfg.total_tokens),
+        available=memory.available_bytes(device) + resident,  # the model is loaded already
+    )
+    log.info("sae.batch_size auto: %s", plan.describe())
+    return plan
+
+
 def train_sae(
     activations: str | Path,
     out_dir: str | Path,
@@ -371,32 +447,27 @@ def train_sae(
     device = resolve_device(cfg.device)
     fp = _fingerprint(cfg, info)
 
+    ckpt = latest_checkpoint(ckpt_root)
+    state: dict[str, Any] | None = None
+    tensors: dict[str, torch.Tensor] = {}
+    if ckpt is not None:
+        tensors, state = load_checkpoint(ckpt)  # CheckpointError if damaged
+        if state.get("fingerprint") != fp:
+            log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
+            shutil.rmtree(ckpt_root)
+            state, tensors = None, {}
+    if cfg.batch_size == "auto":
+        # A resumed run keeps the batch size it started with, whatever this device fits.
+        saved = (state or {}).get("batch_size")
+        batch = saved or plan_batch_size(cfg, info, device, model).batch_size
+        cfg = dataclasses.replace(cfg, batch_size=int(batch))
+
     torch.manual_seed(cfg.seed)
     sae = build_training_sae(cfg, info.d_in, info.hook_name, device)
     if cfg.compile:
         # Compiles the per-step forward/loss; parameter names (and so checkpoints) are unchanged.
         sae.training_forward_pass = torch.compile(sae.training_forward_pass)  # type: ignore[method-assign]
-    total_steps = cfg.total_tokens // cfg.batch_size
-    dead_window_steps = max(1, math.ceil(cfg.dead_window_tokens / cfg.batch_size))
-    trainer_cfg = SAETrainerConfig(
-        total_training_samples=total_steps * cfg.batch_size,
-        train_batch_size_samples=cfg.batch_size,
-        lr=cfg.lr,
-        # Constant schedule: lr_end is unused by SAELens there, but it must be given explicitly.
-        lr_end=cfg.lr,
-        lr_scheduler_name="constant",
-        lr_warm_up_steps=min(cfg.lr_warm_up_steps, total_steps // 2),
-        lr_decay_steps=int(total_steps * cfg.lr_decay_fraction),
-        device=device,
-        autocast=cfg.autocast,
-        dead_feature_window=(
-            cfg.jumprelu.dead_window_steps or dead_window_steps
-            if cfg.architecture == "jumprelu"
-            else dead_window_steps
-        ),
-        feature_sampling_window=max(1, total_steps),
-        n_batches_for_norm_estimate=min(100, max(1, info.n_tokens // cfg.batch_size)),
-    )
+    trainer_cfg = trainer_config(cfg, info, device)
     coef_name = controlled_coefficient(cfg.architecture)
     controller = (
         SparsityController(cfg.target_l0, cfg.l1_coefficient, cfg.controller) if coef_name else None
@@ -404,15 +475,6 @@ def train_sae(
 
     clock = _RunClock()
     stop_requested = {"flag": False}
-    state: dict[str, Any] | None = None
-    tensors: dict[str, torch.Tensor] = {}
-    ckpt = latest_checkpoint(ckpt_root)
-    if ckpt is not None:
-        tensors, state = load_checkpoint(ckpt)  # CheckpointError if damaged
-        if state.get("fingerprint") != fp:
-            log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
-            shutil.rmtree(ckpt_root)
-            state, tensors = None, {}
 
     stream = ActivationStream(
         info,
@@ -472,6 +534,7 @@ def train_sae(
     wall = clock.elapsed()
 
     steps_done = trainer.n_training_steps
+    dead_window_steps = _dead_window_steps(cfg)
     since_fired = trainer.n_forward_passes_since_fired
     dead_fraction = (since_fired >= min(dead_window_steps, steps_done)).float().mean().item()
 
@@ -492,6 +555,11 @@ def train_sae(
         "wall_time_s": wall,
         "tokens_per_s": (trainer.n_training_samples - tokens_at_start) / session_s,
         "peak_memory_mb": _peak_memory_mb(device),
+        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch).
+        "planned_memory_mb": memory_estimate(cfg, info, device, _param_bytes(model)).total(
+            int(cfg.batch_size)
+        )
+        / memory.MiB,
         "architecture": cfg.architecture,
         "d_in": info.d_in,
         "d_sae": saved.cfg.d_sae,

@@ -139,6 +139,48 @@ rule report_provenance:
         " --out-html {output} 2> {log}"
 
 
+# GPU-hours of a full run from the GPU benchmark suite's results committed under
+# benchmarks/results/ (benchmarks/gpu_suite.py), for this run and the CSD3 reference config.
+SUITE_RESULTS = sorted(
+    str(p) for p in (Path(workflow.basedir) / "benchmarks" / "results").glob("*.json")
+)
+
+
+rule report_gpu_hours:
+    input:
+        suite=SUITE_RESULTS,
+        reference=Path(workflow.basedir) / "config" / "qwen2.5-0.5b.yaml",
+    output:
+        csv=f"{REPORT}/gpu_hours.csv",
+        html=report(
+            f"{REPORT}/gpu_hours.html",
+            caption="../report/gpu_hours.rst",
+            category="Job costs",
+            labels={"figure": "GPU-hours of a full run"},
+        ),
+    log:
+        f"{OUT}/logs/report/gpu_hours.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_gpu_hours.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        cfg=config_json(
+            "model", "layers", "sites", "behaviours", "capture", "sae", "attribution"
+        ),
+    shell:
+        stage("report_tables")
+        + " gpu_hours --suite {input.suite} --config {params.cfg}"
+        " --reference-config {input.reference} --out-csv {output.csv}"
+        " --out-html {output.html} 2> {log}"
+
+
 # Last: every other job's benchmark file exists once its outputs do.
 rule job_costs:
     input:
@@ -147,6 +189,7 @@ rule job_costs:
             f"{REPORT}/sae_metrics.csv",
             f"{REPORT}/baseline.csv",
             f"{REPORT}/provenance.html",
+            f"{REPORT}/gpu_hours.html",
             *expand(f"{REPORT}/{{behaviour}}/tables.html", behaviour=BEHAVIOURS),
         ],
         environment=f"{OUT}/provenance/environment.json",

@@ -1,0 +1,117 @@
+"""FLOP counts of the GPU stages and the device's peak rate: the roofline the benchmarks measure
+against (`benchmarks/gpu_suite.py`, `benchmarks/sae_train.py`, `benchmarks/attribution.py`).
+
+Counts are matrix-multiply FLOPs (2 per multiply-add), the work a perfect kernel cannot avoid;
+elementwise ops are left out. Roofline share = FLOPs per token x measured tokens/s / peak rate.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Dense (no sparsity) datasheet peaks in FLOP/s by GPU and compute dtype. float32 matmuls on
+# Ampere and newer run as TF32 once models.enable_fast_math has switched it on.
+NOMINAL_PEAK_FLOPS = {
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+    "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},  # SXM
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
+    "T4": {"float16": 65e12, "float32": 8.1e12},
+}
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def nominal_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
+    """The datasheet peak of a known GPU (by a fragment of its name) for `dtype`, else None."""
+    for key, peaks in NOMINAL_PEAK_FLOPS.items():
+        if key in device_name.upper():
+            return peaks.get(dtype_name(dtype))
+    return None
+
+
+def synchronize(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measured_peak_flops(
+    device: str, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5, rounds: int = 3
+) -> float:
+    """The best rate of an n x n x n matmul on `device` in `dtype` over `rounds` rounds."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up (kernel selection, thread pool)
+    best = 0.0
+    for _ in range(rounds):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        synchronize(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0))
+    return best
+
+
+def forward_flops_per_token(
+    cfg, context_length: int, n_layers: int | None = None, unembed: bool = True
+) -> float:
+    """FLOPs of one token through `n_layers` blocks (default: all) and the unembedding.
+
+    Per block: the projections and MLP (2 x their weights), and attention's two [t, t]
+    products per head over the full context (TransformerLens computes the whole square and
+    masks it afterwards).
+    """
+    from circuitflow.architectures import matmul_params_per_layer
+
+    layers = cfg.n_layers if n_layers is None else n_layers
+    per_layer = 2 * matmul_params_per_layer(cfg) + 4 * cfg.n_heads * cfg.d_head * context_length
+    return float(layers * per_layer + (2 * cfg.d_model * cfg.d_vocab if unembed else 0))
+
+
+def sae_training_flops_per_token(d_in: int, d_sae: int) -> float:
+    """Encoder and dense decoder, forward (2 x 2 d_in d_sae) and backward (twice that)."""
+    return 12.0 * d_in * d_sae
+
+
+def spliced_sae_flops_per_token(d_in: int, d_sae: int) -> float:
+    """One SAE spliced with its error term (attribution): an encode and two decodes."""
+    return 6.0 * d_in * d_sae
+
+
+def attribution_passes(model_cfg, n_saes: int, acfg) -> dict[str, float]:
+    """Forward-pass equivalents per prompt of each part of the attribution stage with config
+    `acfg` (attribution.AttributionConfig), read off the loops in attribution.py and
+    circuit_graph.py. A backward with frozen weights computes only input gradients: about one
+    forward. Edges assume every graph node but the first has upstream nodes (an upper bound).
+    """
+    layers, heads = model_cfg.n_layers, model_cfg.n_heads
+    parts = {"fast": 4.0}  # corrupted forward, clean forward + backward, corrupted metric
+    if acfg.method == "ig":
+        other_groups = 1 + layers + n_saes  # embedding, MLPs, SAEs
+        parts["ig"] = acfg.ig_steps * 2.0 * (other_groups + layers * heads)
+    do_heads = acfg.exact_heads is True or (acfg.exact_heads == "auto" and layers * heads <= 512)
+    exact = (layers * heads + layers + 1) if do_heads else 0
+    if acfg.exact_features > 0:
+        exact += n_saes * (1 + acfg.exact_features)
+    if exact:
+        parts["exact"] = 2.0 + exact  # corrupted and clean forwards, one per node
+    parts["edges"] = 3.0 + acfg.max_graph_nodes
+    return parts
+
+
+def attribution_forward_flops_per_prompt(
+    model_cfg, prompt_length: int, n_saes: int, d_sae: int
+) -> float:
+    """FLOPs of one forward pass of a prompt with every SAE spliced in."""
+    per_token = forward_flops_per_token(model_cfg, prompt_length) + n_saes * (
+        spliced_sae_flops_per_token(model_cfg.d_model, d_sae)
+    )
+    return per_token * prompt_length
+
+
+def roofline_share(flops_per_item: float, items_per_s: float, peak: float) -> float:
+    return flops_per_item * items_per_s / peak
