@@ -29,6 +29,8 @@ TINY_EMBEDDED = {
         "dead_window_tokens": 20480,
         "eval_contexts": 16,
     },
+    # A few random circuits: a few hundred candidate nodes x 10 draws is most of the stage.
+    "interventions": {"n_random_circuits": 3},
 }
 
 
