@@ -33,23 +33,13 @@ def main() -> None:
     args = ap.parse_args()
     from sae_lens import StandardSAE, StandardSAEConfig
     from sae_lens.saes.sae import SAEMetadata
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import HookedTransformer
 
+    from circuitflow import architectures, perf
     from circuitflow import attribution as attr
-    from circuitflow import perf
 
     torch.manual_seed(0)
-    cfg = HookedTransformerConfig(
-        n_layers=args.layers,
-        d_model=768,
-        n_heads=12,
-        d_head=64,
-        d_mlp=3072,
-        d_vocab=50257,
-        n_ctx=1024,
-        act_fn="gelu_new",
-        normalization_type="LN",
-    )
+    cfg = architectures.gpt2_small(n_layers=args.layers)
     model = HookedTransformer(cfg).eval()
     saes = {}
     for layer in range(min(args.n_saes, args.layers)):
