@@ -102,6 +102,12 @@ def sae_hook(site: str, layer: int) -> str:
     return f"blocks.{layer}.hook_{site}"
 
 
+def sae_site_layer(hook: str) -> tuple[str, int]:
+    """(site, layer) of an SAE hook `blocks.{layer}.hook_{site}` (the inverse of sae_hook)."""
+    _, layer, name = hook.split(".", 2)
+    return name.removeprefix("hook_"), int(layer)
+
+
 def build_groups(n_layers: int, sae_keys: list[tuple[str, int]]) -> list[Group]:
     groups = [Group(EMBED, "embedding", -1, -1.0)]
     for layer in range(n_layers):
@@ -406,8 +412,8 @@ def attribute(
     device = next(model.parameters()).device
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
-    keys = sorted((int(h.split(".")[1]), h.split("hook_")[-1]) for h in saes)
-    groups = build_groups(model.cfg.n_layers, [(site, layer) for layer, site in keys])
+    keys = sorted((sae_site_layer(h) for h in saes), key=lambda k: (k[1], k[0]))
+    groups = build_groups(model.cfg.n_layers, keys)
     sums: dict[str, torch.Tensor] = {}
     m_clean = m_corr = 0.0
     n = 0

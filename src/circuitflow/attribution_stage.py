@@ -77,7 +77,7 @@ def run(
 
     ctx_frames = []
     for hook, sae in saes.items():
-        layer, site = int(hook.split(".")[1]), hook.split("hook_")[-1]
+        site, layer = attr.sae_site_layer(hook)
         sub = features[(features["layer"] == layer) & (features["site"] == site)]
         sub = sub[sub["kind"] == "feature"].head(cfg.context_features)
         ctx_frames.append(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from circuitflow.ablation import (
     component_nodes,
     head_nodes,
 )
+from circuitflow.attribution import sae_hook, sae_site_layer
 
 log = logging.getLogger(__name__)
 
@@ -382,20 +384,8 @@ CIRCUIT_NODE_TEXT = {
 }
 
 
-def sae_sites(saes: dict[str, Any]) -> list[tuple[str, int]]:
-    """(site, layer) of each SAE hook `blocks.{layer}.hook_{site}`."""
-    sites = []
-    for hook in saes:
-        _, layer, name = hook.split(".", 2)
-        sites.append((name.removeprefix("hook_"), int(layer)))
-    return sorted(sites, key=lambda t: (t[1], t[0]))
-
-
 def count_kinds(nodes: list[Node]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in nodes:
-        counts[node.kind] = counts.get(node.kind, 0) + 1
-    return counts
+    return dict(Counter(node.kind for node in nodes))
 
 
 def graph_summary(curves: pd.DataFrame) -> dict[str, Any] | None:
@@ -492,10 +482,6 @@ def heads_across_behaviours(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 # --- features ---------------------------------------------------------------------------------
-def sae_key(site: str, layer: int) -> str:
-    return f"blocks.{layer}.hook_{site}"
-
-
 def active_features(iv: Intervener, hook: str) -> np.ndarray:
     """Features of the SAE at `hook` that fire somewhere on the clean prompts."""
     fired = None
@@ -520,7 +506,7 @@ def feature_interventions(
     if attribution_features is None or not saes or cfg.n_features == 0:
         return empty_ablate, empty_steer
     feats = attribution_features[attribution_features["kind"] == "feature"]
-    feats = feats[[sae_key(r.site, int(r.layer)) in saes for r in feats.itertuples()]]
+    feats = feats[[sae_hook(r.site, int(r.layer)) in saes for r in feats.itertuples()]]
     feats = feats.reindex(feats["score"].abs().sort_values(ascending=False).index)
     top = feats.head(cfg.n_features)
     iv = runs.iv
@@ -536,7 +522,7 @@ def feature_interventions(
         (r.site, int(r.layer), int(r.feature)): float(r.score) for r in feats.itertuples()
     }
     for site, layer in sorted({(r.site, int(r.layer)) for r in top.itertuples()}):
-        hook = sae_key(site, layer)
+        hook = sae_hook(site, layer)
         pool = np.setdiff1d(active_features(iv, hook), top["feature"].astype(int).to_numpy())
         rng = np.random.default_rng([base_seed, layer, 31])
         pick = rng.choice(pool, min(cfg.n_random_features, len(pool)), replace=False)
@@ -553,7 +539,7 @@ def feature_interventions(
     base = runs.base
     for r in top.itertuples():
         site, layer, f = r.site, int(r.layer), int(r.feature)
-        hook = sae_key(site, layer)
+        hook = sae_hook(site, layer)
         direction = saes[hook].W_dec[f].detach().float().cpu()
         g = torch.Generator().manual_seed(base_seed * 100003 + layer * 1009 + f)
         rand = torch.randn(direction.shape, generator=g)
@@ -647,10 +633,7 @@ def run_stage(
     active = None
     if components is not None and len(components):
         if cfg.circuit_nodes == "features" and saes:
-            active = {
-                (site, layer): active_features(iv, sae_key(site, layer))
-                for site, layer in sae_sites(saes)
-            }
+            active = {sae_site_layer(h): active_features(iv, h) for h in saes}
         ranked = ranked_nodes(components, attr_features, active)
     else:
         ranked = component_nodes(mc.n_layers, mc.n_heads)
