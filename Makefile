@@ -35,14 +35,14 @@ test: install
 	$(ACTIVATE) pytest -q
 
 lint: install
-	$(ACTIVATE) ruff check src scripts tests benchmarks
-	$(ACTIVATE) ruff format --check src scripts tests benchmarks
+	$(ACTIVATE) ruff check src scripts tests benchmarks .test
+	$(ACTIVATE) ruff format --check src scripts tests benchmarks .test
 	$(ACTIVATE) snakefmt --check Snakefile workflow
 	$(ACTIVATE) snakemake --lint
 
 format: install
-	$(ACTIVATE) ruff check --fix src scripts tests benchmarks
-	$(ACTIVATE) ruff format src scripts tests benchmarks
+	$(ACTIVATE) ruff check --fix src scripts tests benchmarks .test
+	$(ACTIVATE) ruff format src scripts tests benchmarks .test
 	$(ACTIVATE) snakefmt Snakefile workflow
 
 clean:

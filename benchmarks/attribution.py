@@ -35,32 +35,37 @@ def main() -> None:
     from sae_lens.saes.sae import SAEMetadata
     from transformer_lens import HookedTransformer
 
-    from circuitflow import architectures, perf
-    from circuitflow import attribution as attr
+    from circuitflow import perf
+    from circuitflow.attribution import scores as attr
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.model import architectures
+    from circuitflow.nodes import hook_name
 
     torch.manual_seed(0)
     cfg = architectures.gpt2_small(n_layers=args.layers)
     model = HookedTransformer(cfg).eval()
     saes = {}
     for layer in range(min(args.n_saes, args.layers)):
-        hook = attr.sae_hook("resid_post", layer)
+        hook = hook_name("resid_post", layer)
         sae = StandardSAE(
-            StandardSAEConfig(d_in=768, d_sae=args.d_sae, metadata=SAEMetadata(hook_name=hook))
+            StandardSAEConfig(
+                d_in=cfg.d_model, d_sae=args.d_sae, metadata=SAEMetadata(hook_name=hook)
+            )
         ).eval()
         saes[hook] = sae
     rng = np.random.default_rng(0)
-    clean = rng.integers(0, 50257, (args.n_prompts, args.seq))
+    clean = rng.integers(0, cfg.d_vocab, (args.n_prompts, args.seq))
     corr = clean.copy()
-    corr[:, : args.seq // 2] = rng.integers(0, 50257, (args.n_prompts, args.seq // 2))
+    corr[:, : args.seq // 2] = rng.integers(0, cfg.d_vocab, (args.n_prompts, args.seq // 2))
     prompts = pd.DataFrame(
         {
             "clean_tokens": list(clean),
             "corrupted_tokens": list(corr),
-            "answer_id": rng.integers(0, 50257, args.n_prompts),
-            "distractor_id": rng.integers(0, 50257, args.n_prompts),
+            "answer_id": rng.integers(0, cfg.d_vocab, args.n_prompts),
+            "distractor_id": rng.integers(0, cfg.d_vocab, args.n_prompts),
         }
     )
-    acfg = attr.AttributionConfig(
+    acfg = AttributionConfig(
         method=args.method,
         exact_heads=True,
         exact_features=0,

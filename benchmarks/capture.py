@@ -22,10 +22,12 @@ import numpy as np
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitflow.capture import CaptureOptions, capture
+from circuitflow.capture.stage import CaptureOptions, capture
+from circuitflow.model import architectures
 
 EMBEDDED = dict(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, n_ctx=32, d_vocab=102)
-GPT2 = dict(n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=1024, d_vocab=50257)
+FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab")
+GPT2 = {k: getattr(architectures.gpt2_small(), k) for k in FIELDS}
 
 
 def make_model(dims: dict, device: str) -> HookedTransformer:

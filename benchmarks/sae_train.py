@@ -27,14 +27,12 @@ import torch
 from sae_lens.config import SAETrainerConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
+from circuitflow.capture.files import read_activation_info, write_activation_file
 from circuitflow.perf import measured_peak_flops, sae_training_flops_per_token
-from circuitflow.sae_data import (
-    ActivationStream,
-    ActivationStreamConfig,
-    read_activation_info,
-    write_activation_file,
-)
-from circuitflow.sae_training import ControlledSAETrainer, SAETrainConfig, build_training_sae
+from circuitflow.sae.architectures import build_training_sae
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
+from circuitflow.sae.trainer import ControlledSAETrainer
 
 SIZES = {"small": (64, 8, 16), "gpt2": (768, 32, 32)}  # d_in, expansion, k
 
@@ -143,8 +141,8 @@ def bench(
 
 def quality(activations: Path, model_dir: Path, tokens: int, device: str, tmp: Path) -> None:
     """fp32 vs bf16 autocast through the whole stage on real activations: quality and speed."""
-    from circuitflow.models import load_model
-    from circuitflow.sae_training import train_sae
+    from circuitflow.model.load import load_model
+    from circuitflow.sae.stage import train_sae
 
     model = load_model(model_dir, device=device, dtype="float32")
     for autocast in (False, True):

@@ -5,21 +5,19 @@ login node), so the capture jobs can read it offline."""
 import argparse
 
 from circuitflow import config as cf_config
-from circuitflow import corpus
+from circuitflow.capture import tokens
 from circuitflow.cli import main
 from circuitflow.io import write_json
 
 
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--config", required=True, help="resolved config JSON or a config YAML file"
-    )
+    parser.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
     parser.add_argument("--out", required=True, help="prefetch.json to write")
     args = parser.parse_args()
     config = cf_config.load(args.config)
     cap = config["capture"]
-    info = corpus.prefetch(cap["corpus"], cap["split"], config["model"].get("hf_cache"))
+    info = tokens.prefetch(cap["corpus"], cap["split"], config["model"].get("hf_cache"))
     write_json(args.out, info)
     print(f"{info['dataset']} ({info['split']}): {info['n_rows']} rows, ready offline")
 

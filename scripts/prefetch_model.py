@@ -6,20 +6,15 @@ import argparse
 
 from circuitflow import config as cf_config
 from circuitflow.cli import main
-from circuitflow.io import write_json
-from circuitflow.models import prefetch
+from circuitflow.model.load import prefetch_stage
 
 
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--config", required=True, help="resolved config JSON or a config YAML file"
-    )
-    parser.add_argument("--out", required=True, help="model.json to write (weights go beside it)")
+    parser.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
+    parser.add_argument("--out", required=True, help="model.json to write")
     args = parser.parse_args()
-    model = cf_config.load(args.config)["model"]
-    info = prefetch(model["name"], model.get("hf_cache")) | {"dtype": model["dtype"]}
-    write_json(args.out, info)
+    info = prefetch_stage(cf_config.load(args.config), args.out)
     arch = info["architecture"]
     print(f"{info['name']}: {arch['n_layers']} layers, d_model {arch['d_model']}, ready offline")
 

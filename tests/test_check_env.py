@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers.dag import REPO
 
 from circuitflow import check_env
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import REPO, run_snakemake
+from helpers.dag import REPO, run_snakemake
 
 from circuitflow import config as cf
 
@@ -103,3 +103,104 @@ def test_ready_configs_for_real_models_resolve_offline():
         resolved = cf.resolve(raw, REPO)
         assert resolved["layers"] == list(range(n_layers))
         assert set(resolved["behaviours"]) == {"ioi", "capitals"}
+
+
+# --- one source of defaults --------------------------------------------------------------------
+def _plain(value):
+    """Tuples as lists, so a dataclass's tuple default compares with the schema's list."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _dataclass_defaults(cls) -> dict:
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = (
+                _dataclass_defaults(type(value)) if dataclasses.is_dataclass(value) else value
+            )
+    return out
+
+
+def _sections():
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.capture.stage import CaptureOptions
+    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.model.embedded import ArchitectureConfig, TrainingConfig
+    from circuitflow.model.language import LanguageConfig
+    from circuitflow.sae.config import SAETrainConfig
+
+    return {
+        "attribution": AttributionConfig,
+        "interventions": InterventionsConfig,
+        "sae": SAETrainConfig,
+        "capture": CaptureOptions,
+        "embedded.architecture": ArchitectureConfig,
+        "embedded.training": TrainingConfig,
+        "embedded.language": LanguageConfig,
+    }
+
+
+@pytest.mark.parametrize("section", sorted(_sections()))
+def test_dataclass_defaults_are_the_schemas(section):
+    """Every field a config section's dataclass shares with the schema has the schema's
+    default (the dataclasses are used by the library and the tests; the stages get the
+    resolved config, so a drift would make the two disagree silently)."""
+    schema = cf.schema_defaults(section)
+    ours = _dataclass_defaults(_sections()[section])
+    shared = set(schema) & set(ours)
+    # What a dataclass may hold beyond the schema: the master seed and device it is given.
+    assert set(ours) - set(schema) <= {"seed", "device"}, set(ours) - set(schema)
+    assert {k: ours[k] for k in shared} == {k: schema[k] for k in shared}
+
+
+def test_config_yaml_holds_only_schema_defaults():
+    """config/config.yaml documents the embedded default: every value it sets is the schema's
+    default, so a --configfile that sets nothing else reproduces it."""
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    defaults = cf.schema_defaults()
+
+    def walk(node, default, path):
+        for key, value in node.items():
+            here = f"{path}.{key}" if path else key
+            if isinstance(value, dict) and key != "behaviours":
+                walk(value, default[key], here)
+            else:
+                assert value == default[key], f"{here}: {value!r} != schema {default[key]!r}"
+
+    walk(raw, defaults, "")
+
+
+def test_a_config_with_only_outdir_resolves_to_the_default_run():
+    default = cf.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()), REPO)
+    elsewhere = cf.resolve({"outdir": "elsewhere"}, REPO)
+    assert elsewhere.pop("outdir") == "elsewhere"
+    default.pop("outdir")
+    assert elsewhere == default
+    assert elsewhere["embedded"]["architecture"]["active_heads"] == [2, 1]
+
+
+def test_active_heads_auto_follows_the_architecture():
+    resolved = cf.resolve({"embedded": {"architecture": {"n_layers": 3}}}, REPO)
+    assert resolved["embedded"]["architecture"]["active_heads"] == [2, 1, 1]
+    one_head = {"n_layers": 2, "n_heads": 1, "d_head": 64}
+    resolved = cf.resolve({"embedded": {"architecture": one_head}}, REPO)
+    assert resolved["embedded"]["architecture"]["active_heads"] == [1, 1]
+
+
+def test_registries_and_schema_enums_agree():
+    from circuitflow.prompts import SOURCES
+    from circuitflow.sae.architectures import ARCHITECTURES
+
+    schema = cf.load_schema()["properties"]
+    source = schema["behaviours"]["additionalProperties"]["properties"]["source"]
+    assert source["enum"] == list(SOURCES)
+    assert schema["sae"]["properties"]["architecture"]["enum"] == list(ARCHITECTURES)

@@ -1,7 +1,7 @@
 """The memory planner against measured peaks: each stage's real work on CPU (capture with
 TransformerLens and the HDF5 writer, SAE training with SAELens, attribution with spliced SAEs,
-both real architectures at 2 layers), measured in a fresh process by tests/memory_probe.py, must
-come within 20% of the planner's estimate."""
+both real architectures at 2 layers), measured in a fresh process by
+tests/helpers/memory_probe.py, must come within 20% of the planner's estimate."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).with_name("memory_probe.py")
+PROBE = Path(__file__).parent / "helpers" / "memory_probe.py"
 CASES = {
     ("capture", "gpt2-small"),
     ("capture", "qwen2.5-0.5b"),

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 
 import yaml
-from conftest import REPO
+from helpers.dag import REPO
 
 from circuitflow import config as cf_config
 from circuitflow import resources
+from circuitflow.model import architectures
 
 EMBEDDED = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
 
@@ -19,11 +20,33 @@ def _real(name: str, n_layers: int) -> dict:
     return cfg
 
 
-def test_model_shape_from_architecture_and_table():
+def test_parameter_counts_are_those_of_the_built_models():
+    """architectures.n_params against HookedTransformers built from the same configs (2 layers
+    and a small vocabulary, so they build fast): gated MLP and grouped-query attention count."""
+    from transformer_lens import HookedTransformer
+
+    for name in architectures.ARCHITECTURES:
+        cfg = architectures.config(name, n_layers=2, d_vocab=1000)
+        built = sum(p.numel() for p in HookedTransformer(cfg).parameters())
+        assert architectures.n_params(cfg) == built, name
+
+
+def test_model_shape_of_every_kind_of_model(tiny_hf_model_dir):
     assert resources.model_shape(EMBEDDED).d_model == 64
-    qwen = resources.model_shape(_real("Qwen/Qwen2.5-0.5B", 24))
-    assert 4e8 < qwen.n_params < 6e8  # 494M
-    assert 1e8 < resources.model_shape(_real("gpt2", 12)).n_params < 1.7e8
+    for name, key in (("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b"), ("gpt2", "gpt2-small")):
+        shape = resources.model_shape(_real(name, 24))
+        assert shape.n_params == architectures.n_params(architectures.config(key)), name
+    # Qwen2.5-0.5B as loaded (untied unembedding): 630.5M, not the 558.5M that ignored the
+    # gated MLP and grouped-query attention.
+    assert resources.model_shape(_real("Qwen/Qwen2.5-0.5B", 24)).n_params == 630_479_104
+    local = resources.model_shape(_real(str(tiny_hf_model_dir), 2))
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_hf_model_dir)
+    assert (local.n_layers, local.d_model) == (2, 32)
+    # The HF model ties its unembedding; TransformerLens loads it untied, as counted here.
+    tied = sum(p.numel() for p in hf.parameters())
+    assert local.n_params == tied + hf.config.vocab_size * hf.config.n_embd + hf.config.vocab_size
 
 
 def test_qwen_capture_needs_more_than_embedded():

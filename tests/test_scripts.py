@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from helpers.dag import REPO
 
 SCRIPTS = sorted(p for p in (REPO / "scripts").glob("*.py") if not p.name.startswith("_"))
 
@@ -22,7 +22,7 @@ def test_help(script):
 def test_missing_model_is_one_clear_line(tmp_path):
     args = ["--config", tmp_path / "x.yaml", "--behaviour", "induction"]
     args += ["--model-json", tmp_path / "model.json", "--out", tmp_path / "p.parquet"]
-    script = REPO / "scripts" / "make_prompts.py"
+    script = REPO / "scripts" / "prompts.py"
     done = subprocess.run(
         [sys.executable, str(script), *map(str, args)], capture_output=True, text=True
     )

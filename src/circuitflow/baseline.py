@@ -1,4 +1,4 @@
-"""Baseline: how well the unmodified model does each behaviour.
+"""The baseline stage: how well the unmodified model does each behaviour.
 
 Metric: logit difference (answer - distractor) at the last position. `accuracy` is the share of
 prompts where the answer beats the distractor (the two-way choice the metric measures);
@@ -8,11 +8,14 @@ Calibration compares the model's top-token confidence with how often that token 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import torch
 
-from circuitflow.behaviours import prompts_hash
+from circuitflow.io import save_figure, write_json, write_parquet
+from circuitflow.prompts import by_length, prompts_hash
 
 
 @torch.no_grad()
@@ -20,13 +23,10 @@ def last_token_logits(model, token_lists: list[list[int]], batch_size: int) -> t
     """Final-position logits [n, d_vocab] in float32, batching prompts of equal length together
     (no padding, so no attention-mask subtleties)."""
     out = torch.empty(len(token_lists), model.cfg.d_vocab_out, dtype=torch.float32)
-    by_length: dict[int, list[int]] = {}
-    for i, tokens in enumerate(token_lists):
-        by_length.setdefault(len(tokens), []).append(i)
     device = next(model.parameters()).device
-    for indices in by_length.values():
+    for indices in by_length(token_lists):
         for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
+            chunk = indices[start : start + batch_size].tolist()
             batch = torch.tensor(np.stack([token_lists[i] for i in chunk]), device=device)
             out[chunk] = model(batch, return_type="logits")[:, -1].float().cpu()
     return out
@@ -81,7 +81,7 @@ def expected_calibration_error(table: pd.DataFrame) -> float:
     return float((weights * (filled["confidence"] - filled["accuracy"]).abs()).sum())
 
 
-def run(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
+def score(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
     """Score a prompt set; returns (summary dict, per-prompt rows, calibration table)."""
     clean = last_token_logits(model, list(prompts["clean_tokens"]), batch_size)
     corrupted = last_token_logits(model, list(prompts["corrupted_tokens"]), batch_size)
@@ -104,11 +104,9 @@ def run(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
 
 def plot(scores: pd.DataFrame, table: pd.DataFrame, title: str):
     """Logit-difference histogram (clean vs corrupted) beside the reliability diagram."""
-    import matplotlib
+    from circuitflow.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_hist, ax_cal) = plt.subplots(1, 2, figsize=(9, 3.5))
     bins = np.histogram_bin_edges(
         np.concatenate([scores["logit_diff"], scores["corrupted_logit_diff"]]), bins=30
@@ -138,3 +136,24 @@ def plot(scores: pd.DataFrame, table: pd.DataFrame, title: str):
     ax_cal.legend(loc="upper left", fontsize=8)
     fig.suptitle(title)
     return fig
+
+
+def run(config: dict, behaviour: str, prompts_path: Path | str, model_json: Path | str,
+        out_json: Path | str, out_parquet: Path | str, out_figure: Path | str) -> dict:  # fmt: skip
+    """The stage: score one behaviour's prompts and write the summary, rows and figure."""
+    from circuitflow.model.load import load_model, read_model_json
+    from circuitflow.prompts import read_prompts
+
+    model_dir = Path(model_json).parent
+    prompts = read_prompts(prompts_path)
+    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    opts = config["baseline"]
+    summary, scores, table = score(model, prompts, opts["batch_size"], opts["calibration_bins"])
+    summary |= {
+        "behaviour": behaviour,
+        "model_weights_sha256": read_model_json(model_dir)["weights_sha256"],
+    }
+    save_figure(out_figure, plot(scores, table, f"{behaviour} baseline"))
+    write_parquet(out_parquet, scores)
+    write_json(out_json, summary | {"calibration": json_records(table)})
+    return summary

@@ -1,4 +1,9 @@
-"""Shared start-up for the stage scripts: logging, and one-line errors with a non-zero exit."""
+"""Shared start-up for the stage scripts: logging, and one-line errors with a meaningful exit.
+
+Exit statuses (circuitflow.errors): 0 done; 2 bad config or input (the line names the key or
+file); 3 out of memory even at batch size 1; 75 stopped by SIGTERM after a checkpoint (rerun to
+resume); 1 anything else (a bug: the traceback is kept).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,14 @@ import logging
 import sys
 from collections.abc import Callable
 
-from circuitflow.config import ConfigError
+from circuitflow.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECKPOINTED,
+    EXIT_OUT_OF_MEMORY,
+    ConfigError,
+    InputError,
+)
+from circuitflow.resumable import Interrupted
 
 
 def main(run: Callable[[], None]) -> None:
@@ -18,6 +30,14 @@ def main(run: Callable[[], None]) -> None:
     )
     try:
         run()
-    except (ConfigError, FileNotFoundError, ValueError, MemoryError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except (ConfigError, InputError, FileNotFoundError, ValueError) as err:
+        _fail(f"error: {err}", EXIT_BAD_INPUT)
+    except MemoryError as err:
+        _fail(f"error: {err}", EXIT_OUT_OF_MEMORY)
+    except Interrupted as err:
+        _fail(f"{err}; rerun to resume", EXIT_CHECKPOINTED)
+
+
+def _fail(message: str, status: int) -> None:
+    print(" ".join(message.split()), file=sys.stderr)  # one line, whatever the message holds
+    sys.exit(status)

@@ -16,19 +16,36 @@ from typing import Any
 
 import yaml
 
+from circuitflow.errors import ConfigError
+from circuitflow.model.architectures import hf_field, read_hf_config
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 EMBEDDED = "embedded"
-EMBEDDED_SOURCES = ("induction", "facts", "file")
-REAL_MODEL_SOURCES = ("ioi", "factual_recall", "file")
 LAYER_FORMS = "must be 'all', an index, a list of indices or a range like '0-5'"
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the key."""
+__all__ = ["ConfigError", "load", "resolve", "section"]
 
 
 def load_schema(schema_path: Path = SCHEMA_PATH) -> dict:
     return yaml.safe_load(Path(schema_path).read_text())
+
+
+def schema_defaults(path: str = "", schema_path: Path = SCHEMA_PATH) -> dict:
+    """The schema's defaults below `path` ("" for the whole config, "sae.controller" for a
+    section), nested as a config would hold them: what every unset key resolves to."""
+    node = load_schema(schema_path)
+    for key in filter(None, path.split(".")):
+        node = node["properties"][key]
+
+    def walk(node: dict) -> dict:
+        out = {}
+        for key, sub in node.get("properties", {}).items():
+            if "properties" in sub:
+                out[key] = walk(sub)
+            elif "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+        return out
+
+    return walk(node)
 
 
 def _key_path(error) -> str:
@@ -118,12 +135,14 @@ def model_n_layers(config: dict) -> int:
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise ConfigError(f"model.name: directory {path} has no config.json")
-        hf_cfg = json.loads(cfg_file.read_text())
-        for field in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
-            if field in hf_cfg:
-                return int(hf_cfg[field])
-        raise ConfigError(f"model.name: {cfg_file} does not say how many layers the model has")
-    from circuitflow.models import official_model_name, remote_n_layers
+        try:
+            n_layers = hf_field(read_hf_config(path), "n_layers")
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.name: {cfg_file} is not readable JSON ({err})") from None
+        if n_layers is None:
+            raise ConfigError(f"model.name: {cfg_file} does not say how many layers the model has")
+        return n_layers
+    from circuitflow.model.load import official_model_name, remote_n_layers
 
     name = official_model_name(model["name"])  # raises ConfigError for unknown names
     n_layers = remote_n_layers(name)
@@ -136,8 +155,10 @@ def model_n_layers(config: dict) -> int:
 
 
 def check_behaviours(config: dict, base_dir: Path) -> None:
+    from circuitflow.prompts import SOURCES, allowed_sources
+
     embedded = is_embedded(config)
-    allowed = EMBEDDED_SOURCES if embedded else REAL_MODEL_SOURCES
+    allowed = allowed_sources(embedded)
     kind = "the embedded model" if embedded else "a real model"
     for name, spec in config["behaviours"].items():
         key = f"behaviours.{name}"
@@ -147,7 +168,7 @@ def check_behaviours(config: dict, base_dir: Path) -> None:
                 f"{key}.source: {source!r} does not work with {kind}; allowed values: "
                 + ", ".join(allowed)
             )
-        if source == "file":
+        if SOURCES[source].needs_path:
             if "path" not in spec:
                 raise ConfigError(f"{key}.path: required when source is 'file'")
             path = Path(spec["path"])
@@ -161,8 +182,16 @@ def check_behaviours(config: dict, base_dir: Path) -> None:
             raise ConfigError(f"{key}.path: only used with source 'file', not {source!r}")
 
 
+def auto_active_heads(n_layers: int, n_heads: int) -> list[int]:
+    """`active_heads: auto`: two heads in layer 0 (a previous-token head and one more), one in
+    every later layer (an induction head needs one), so each planted mechanism lives in one head."""
+    return [min(2, n_heads)] + [1] * (n_layers - 1)
+
+
 def check_embedded(config: dict) -> None:
     arch = config["embedded"]["architecture"]
+    if arch.get("active_heads") == "auto":
+        arch["active_heads"] = auto_active_heads(arch["n_layers"], arch["n_heads"])
     if arch["d_model"] != arch["n_heads"] * arch["d_head"]:
         raise ConfigError(
             "embedded.architecture.d_head: n_heads * d_head must equal d_model "

@@ -96,11 +96,11 @@ def write_parquet(path: Path | str, frame) -> None:
         frame.to_parquet(tmp, index=False)
 
 
-def save_figure(path: Path | str, fig) -> None:
+def save_figure(path: Path | str, fig, dpi: int = 120) -> None:
     import matplotlib.pyplot as plt
 
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
     plt.close(fig)
 
 

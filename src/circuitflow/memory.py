@@ -97,6 +97,32 @@ def _reset_rss_high_water() -> bool:
         return False
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+LIVE_THRESHOLD = 64 << 10
+FAST_THRESHOLD = 32 << 20  # glibc's own adaptive threshold stops here
+
+
+def set_mmap_threshold(n_bytes: int) -> bool:
+    """glibc: allocations of `n_bytes` or more get their own mapping, returned to the system
+    when freed. False where unavailable (not glibc)."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, n_bytes))
+    except (OSError, AttributeError):
+        return False
+
+
+def track_live_bytes_on_cpu() -> bool:
+    """Make the process's resident set follow live allocations on Linux/glibc: every allocation
+    of 64 KiB or more gets its own mapping, returned when freed. Without it glibc keeps freed
+    blocks below its (adaptive, up to 32 MiB) threshold, and the resident peak measures the
+    allocator's history rather than the work's tensors (CUDA's allocator statistics count live
+    tensors). It costs time (a page fault per fresh page): timed runs switch it off
+    (`set_mmap_threshold(FAST_THRESHOLD)`). Returns False where unavailable."""
+    return set_mmap_threshold(LIVE_THRESHOLD)
+
+
 class PeakMeter:
     """Peak memory of the work inside a `with` block, on the device it runs on.
 
@@ -257,11 +283,9 @@ def estimate_forward(
     )
 
 
-# SAE training: tensors of width d_sae per training row alive at the step's peak (the backward
-# pass), counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead
-# latents included), backward and the trainer's firing statistics, on CPU at fp32 by
-# tests/test_memory_accuracy.py; plus d_in-wide ones (input, reconstruction, residual, grads).
-SAE_WIDE_PER_ROW = {"topk": 11.0, "batchtopk": 12.0, "jumprelu": 9.5, "standard": 8.5}
+# SAE training: tensors of width d_sae per training row alive at the step's peak (each
+# architecture's `wide_per_row` in circuitflow.sae.architectures), plus d_in-wide ones (input,
+# reconstruction, residual, grads).
 SAE_NARROW_PER_ROW = 8
 # Parameters, gradients and Adam's two moments are 4 copies of the SAE's parameters; Adam's
 # step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
@@ -287,18 +311,16 @@ def estimate_sae_training(
     """Peak memory of SAE training (the train_sae stage's loop) per training row.
 
     Device: `resident` bytes (the model, loaded for the spliced evaluation), the SAE's fp32
-    parameters, gradients and Adam state (4 copies), and per row SAE_WIDE_PER_ROW d_sae-wide and
+    parameters, gradients and Adam state (4 copies), and per row `wide_per_row` d_sae-wide and
     SAE_NARROW_PER_ROW d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
     phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
     it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
     """
-    if architecture not in SAE_WIDE_PER_ROW:
-        raise ValueError(
-            f"sae.architecture: {architecture!r}; allowed: {', '.join(SAE_WIDE_PER_ROW)}"
-        )
+    from circuitflow.sae.architectures import get
+
     params = sae_param_bytes(d_in, d_sae)
-    per_row = int((SAE_WIDE_PER_ROW[architecture] * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
+    per_row = int((get(architecture).wide_per_row * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
     block = max(1, min(chunk_rows, n_file_rows))
     rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
     group = rows * d_in * 4
@@ -477,7 +499,7 @@ class OOMBackoff:
                     self.on_change(self.batch_size)
 
 
-# --- GPU presets: batch sizes per GPU type, from the estimates above -----------------------------
+# --- GPU presets: batch sizes per GPU type, from the estimates above ------------------------------
 @dataclass(frozen=True)
 class GPUType:
     name: str
@@ -509,7 +531,7 @@ def gpu_presets(
     """Per GPU type and model: the batch size each stage's memory plan picks (a power of two up
     to PRESET_CAPS; every layer's resid_post captured and spliced) and its planned peak, or 0
     where not even one item fits."""
-    from circuitflow import architectures
+    from circuitflow.model import architectures
 
     rows = []
     for gpu in gpus:

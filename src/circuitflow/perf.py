@@ -65,7 +65,7 @@ def forward_flops_per_token(
     products per head over the full context (TransformerLens computes the whole square and
     masks it afterwards).
     """
-    from circuitflow.architectures import matmul_params_per_layer
+    from circuitflow.model.architectures import matmul_params_per_layer
 
     layers = cfg.n_layers if n_layers is None else n_layers
     per_layer = 2 * matmul_params_per_layer(cfg) + 4 * cfg.n_heads * cfg.d_head * context_length

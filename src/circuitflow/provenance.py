@@ -302,3 +302,38 @@ def run_started(outdir: Path | str) -> datetime | None:
     if not starts:
         return None
     return datetime.fromtimestamp(min(starts) - 60)
+
+
+# ---- The stage -------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_environment(config: dict, out_environment, out_config) -> None:
+    """Rule provenance: the environment (software, GPU, job, git) and the resolved config."""
+    import yaml
+
+    from circuitflow.io import write_json, write_text
+
+    write_json(out_environment, environment(REPO))
+    write_text(out_config, yaml.safe_dump(config, sort_keys=False))
+
+
+def write_after_run(config: dict, outdir, out_hashes, out_slurm, out_pip_freeze, out_run) -> None:
+    """Rule provenance_run, after the stages: input hashes, this run's Slurm jobs, pip freeze,
+    seeds and failed jobs."""
+    from circuitflow.io import write_json, write_text
+
+    since = run_started(outdir)
+    slurm = slurm_jobs(Path.cwd(), since)
+    write_json(out_hashes, input_hashes(outdir))
+    write_json(out_slurm, slurm)
+    write_text(out_pip_freeze, pip_freeze())
+    failed = failed_jobs(Path.cwd() / ".snakemake" / "log", outdir, since, slurm)
+    write_json(
+        out_run,
+        {
+            "seeds": seeds(config),
+            "failed_jobs": failed,
+            "run_started_after": since.isoformat() if since else None,
+        },
+    )

@@ -5,17 +5,18 @@ Rules call these through the helpers at the end of workflow/rules/common.smk; a 
 rule, plus the model's weights where a job holds the model, plus the SAE's buffers and optimiser
 state for train_sae. Memory and walltime grow linearly with Snakemake's `attempt` (1, 2, ...),
 so a job killed for memory or walltime gets more on its retry, and walltime is capped at the
-cluster's limit. The model's shape comes from `embedded.architecture` for the embedded model,
-from config.json for a local Hugging Face directory, from a table of known models, else from
+cluster's limit. The model's shape comes from `model.architectures` (the embedded model's
+config, a local directory's config.json, the known real architectures), else from
 `model.n_layers` with a GPT-2-medium-like width. Wrong by a factor of two is fine; wrong by ten
 is a bug: override a rule with `--set-resources RULE:mem_mb=...` meanwhile.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from circuitflow.model import architectures
 
 # Rules that run the model or train on activations: one GPU each unless `device: cpu`.
 GPU_RULES = frozenset(
@@ -36,11 +37,27 @@ BASE_RUNTIME = {
     "interventions": 60,
 }
 DEFAULT_RUNTIME = 30
+# Rules that only read small files and write tables and figures: one core, 2 GB, 15 minutes.
+LIGHT_RULES = frozenset(
+    {
+        "sae_summary",
+        "report_baseline",
+        "report_behaviour",
+        "report_provenance",
+        "report_gpu_hours",
+        "job_costs",
+        "interventions_across",
+        "provenance_run",
+    }
+)
+LIGHT_RUNTIME = 15
 # Host memory every Python job needs for torch, TransformerLens and SAELens imports (MB).
 BASE_MEM_MB = 2000
 # CSD3 ampere: at most 32 CPUs per GPU (a node has 4 A100s and 128 cores).
 MAX_CPUS_PER_GPU = 32
 MB = 2**20
+# Walltimes scale with n_params / GPT2_PARAMS (GPT-2 small's nominal size; as loaded, with its
+# unembedding untied, it counts 163M, so its jobs get 1.3x the base).
 GPT2_PARAMS = 124_000_000
 
 
@@ -50,44 +67,41 @@ class ModelShape:
     d_model: int
     d_mlp: int
     vocab: int
-
-    @property
-    def n_params(self) -> int:
-        # Attention (4 d^2) + MLP (2 d d_mlp) per layer, embedding and unembedding.
-        per_layer = 4 * self.d_model**2 + 2 * self.d_model * self.d_mlp
-        return self.n_layers * per_layer + 2 * self.vocab * self.d_model
+    n_params: int
 
 
-# Hub models whose config cannot be read offline when the DAG is planned (before the prefetch).
-KNOWN_MODELS = {
-    "gpt2": ModelShape(12, 768, 3072, 50257),
-    "gpt2-small": ModelShape(12, 768, 3072, 50257),
-    "gpt2-medium": ModelShape(24, 1024, 4096, 50257),
-    "qwen/qwen2.5-0.5b": ModelShape(24, 896, 4864, 151936),
-}
+def _shape(cfg) -> ModelShape:
+    return ModelShape(
+        cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.d_vocab, architectures.n_params(cfg)
+    )
 
 
 def model_shape(config: dict) -> ModelShape:
     """The model's shape without loading it (see the module docstring for the sources)."""
+    from types import SimpleNamespace
+
     model = config["model"]
     if model["name"] == "embedded":
         arch = config["embedded"]["architecture"]
         lang = config["embedded"]["language"]
         # Random tokens, subjects, attributes and a few specials: a tiny vocabulary.
         vocab = lang["n_random_tokens"] + lang["n_subjects"] + lang["n_attributes"] + 16
-        return ModelShape(arch["n_layers"], arch["d_model"], arch["d_mlp"], vocab)
-    cfg_file = Path(model["name"]) / "config.json"
-    if cfg_file.is_file():
-        hf = json.loads(cfg_file.read_text())
-        d = int(hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model") or 1024)
-        layers = hf.get("num_hidden_layers") or hf.get("n_layer") or hf.get("n_layers") or 24
-        d_mlp = int(hf.get("intermediate_size") or hf.get("n_inner") or 4 * d)
-        return ModelShape(int(layers), d, d_mlp, int(hf.get("vocab_size") or 50257))
-    known = KNOWN_MODELS.get(model["name"].lower())
-    if known:
-        return known
+        cfg = SimpleNamespace(
+            **{k: arch[k] for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx")},
+            d_vocab=vocab,
+            gated_mlp=False,
+            normalization_type="LN",
+            positional_embedding_type="shortformer",
+        )
+        return _shape(cfg)
+    if (Path(model["name"]) / "config.json").is_file():
+        return _shape(architectures.from_hf_config(architectures.read_hf_config(model["name"])))
+    key = architectures.architecture_key(model["name"])
+    if key:
+        return _shape(architectures.config(key))
     n_layers = model.get("n_layers") or max(config.get("layers") or [23]) + 1
-    return ModelShape(int(n_layers), 1024, 4096, 50257)
+    hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
+    return _shape(architectures.from_hf_config(hf))
 
 
 def gpus(config: dict, rule: str) -> int:
@@ -96,12 +110,16 @@ def gpus(config: dict, rule: str) -> int:
 
 
 def threads(config: dict, rule: str) -> int:
-    """CPUs for one job. The embedded model's matrices are too small for a second thread to pay
-    (and OpenMP threads that find their core busy spin, slowing a job ~10x), so its jobs take one
-    core each and run side by side; real models use 8 per GPU (data loading, HDF5,
-    tokenisation), well within CSD3's 32 per GPU."""
+    """CPUs for one job. The embedded model's jobs take one core each and run side by side: its
+    matrices are too small for a second thread to pay much (1.4x for train_model), OpenMP
+    threads that find their core busy spin (slowing a job ~10x), and a thread count that
+    followed the machine's cores would change the trained weights (reductions split
+    differently: 2e-4 after 30 steps), so a laptop and a cluster would disagree. Real models use
+    8 per GPU (data loading, HDF5, tokenisation), well within CSD3's 32 per GPU."""
     small = config["model"]["name"] == "embedded"
-    n = 1 if small else (8 if gpus(config, rule) else 4)
+    if small or rule in LIGHT_RULES:
+        return 1
+    n = 8 if gpus(config, rule) else 4
     return min(n, MAX_CPUS_PER_GPU * max(1, gpus(config, rule)))
 
 
@@ -122,7 +140,7 @@ def _sae_mb(config: dict) -> int:
 
 def mem_mb(config: dict, rule: str, attempt: int = 1) -> int:
     """Host memory (MB) for one job on its `attempt`-th try."""
-    if rule in ("provenance", "prompts", "train_model", "merge_capture"):
+    if rule in LIGHT_RULES or rule in ("provenance", "prompts", "train_model", "merge_capture"):
         base = BASE_MEM_MB if rule != "provenance" else 1000
     elif rule == "capture_tokens":
         base = BASE_MEM_MB + 2000  # tokenising the corpus
@@ -136,6 +154,8 @@ def mem_mb(config: dict, rule: str, attempt: int = 1) -> int:
 
 def runtime(config: dict, rule: str, attempt: int = 1, cap: int | None = None) -> int:
     """Walltime (minutes) for the `attempt`-th try, at most `cap` (the cluster's limit)."""
+    if rule in LIGHT_RULES:
+        return min(LIGHT_RUNTIME * attempt, cap) if cap else LIGHT_RUNTIME * attempt
     minutes = BASE_RUNTIME.get(rule, DEFAULT_RUNTIME)
     size = max(1.0, model_shape(config).n_params / GPT2_PARAMS)
     if rule in GPU_RULES or rule == "capture_tokens":

@@ -1,5 +1,6 @@
 # Attribution per behaviour: node effects (heads, MLPs, SAE features and error terms) on the
 # logit difference, validated against exact patching, and a pruned graph with edges.
+# Code: src/circuitflow/attribution/ (stage.py writes the outputs).
 
 
 rule attribution:
@@ -8,7 +9,7 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=sae_outputs(),
-        # Same (site, layer) order as sae_outputs(): the script pairs them by position.
+        # Paired with the SAEs by the hook name each file records.
         acts=capture_outputs(),
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
@@ -53,4 +54,4 @@ rule attribution:
         stage("attribution")
         + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --saes {input.saes}"
-        " --activations {input.acts} --out-dir {params.out_dir} --threads {threads} 2> {log}"
+        " --activations {input.acts} --out-dir {params.out_dir} 2> {log}"

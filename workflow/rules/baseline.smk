@@ -1,4 +1,5 @@
 # The unmodified model on each behaviour: logit difference, accuracy, calibration.
+# Code: src/circuitflow/baseline.py.
 
 
 rule baseline:

@@ -1,7 +1,8 @@
 # Activation capture: the token set is built once; one job (or one per shard) runs the model
 # once per batch and writes every site and layer. Killed jobs resume from
 # activations/.../layer_N.h5.partial (not a declared output, so --rerun-incomplete keeps it);
-# exit 75 = checkpointed on SIGTERM, the retry resumes.
+# exit 75 = checkpointed on SIGTERM, the retry resumes. Code: src/circuitflow/capture/
+# (tokens.py builds the token set, stage.py captures, files.py is the HDF5 format).
 CAPTURE = config["capture"]
 SHARDS = CAPTURE["shards"]
 ACTS = f"{OUT}/activations"

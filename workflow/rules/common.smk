@@ -20,7 +20,8 @@ except cf_config.ConfigError as err:
 OUT = config["outdir"]
 SRC = Path(workflow.basedir) / "src"
 SCRIPTS = Path(workflow.basedir) / "scripts"
-BEHAVIOURS = list(config["behaviours"])
+# Sorted: the order a config lists behaviours in must not change a rule's params (a rerun).
+BEHAVIOURS = sorted(config["behaviours"])
 LAYERS = config["layers"]
 SITES = config["sites"]
 
@@ -38,14 +39,17 @@ def config_json(*keys):
 
 
 def stage(name, online=False):
-    """The command line that runs stage script `scripts/<name>.py`. src/ goes on PYTHONPATH so
-    the rules also work in the conda environment of envs/; stage jobs never reach the Hugging
-    Face hub (weights were pre-fetched by a localrule on a machine with internet). Torch gets
-    exactly the job's threads: oversubscribed OpenMP threads spin and slow every job ~10x.
+    """The command line that runs stage script `scripts/<name>.py`. src/ is prepended to
+    PYTHONPATH (the caller's entries kept: a module loaded on CSD3 often sets it) so the rules
+    also work in the conda environment of envs/; stage jobs never reach the Hugging Face hub
+    (weights were pre-fetched by a localrule on a machine with internet). Torch gets exactly the
+    job's threads: oversubscribed OpenMP threads spin and slow every job ~10x.
     """
     offline = "" if online else "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
     threads = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-    return f"{offline}{threads}PYTHONPATH={SRC} python {SCRIPTS / name}.py"
+    # ${PYTHONPATH:+:...} is safe under `set -u`; the doubled braces survive Snakemake's format.
+    path = f"PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}} "
+    return f"{offline}{threads}{path}python {SCRIPTS / name}.py"
 
 
 def baseline_outputs():

@@ -1,6 +1,6 @@
 # Interventions per behaviour: circuits of the top attribution nodes (faithfulness, completeness,
 # random controls), head ablations (single, pairs, triplets), feature ablation and steering;
-# then one table of head effects across behaviours.
+# then one table of head effects across behaviours. Code: src/circuitflow/interventions/.
 
 
 rule interventions:
@@ -65,7 +65,7 @@ rule interventions:
         stage("interventions")
         + " behaviour --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --attribution-dir {params.attr_dir}"
-        " --saes {input.saes} --out-dir {params.out_dir} --threads {threads} 2> {log}"
+        " --saes {input.saes} --out-dir {params.out_dir} 2> {log}"
 
 
 rule interventions_across:
@@ -87,10 +87,9 @@ rule interventions_across:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("interventions_across")
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **job_resources("interventions_across"),
     params:
         behaviours=BEHAVIOURS,
     shell:

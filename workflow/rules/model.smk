@@ -1,4 +1,5 @@
 # The model stage: train the embedded default, or pre-fetch a real model's weights.
+# Code: src/circuitflow/model/ (embedded.py trains, load.py loads and pre-fetches).
 
 if cf_config.is_embedded(config):
 

@@ -1,4 +1,5 @@
 # One prompt set per behaviour: clean and corrupted tokens, answer and distractor ids.
+# Code: src/circuitflow/prompts.py (SOURCES: one entry per behaviour source).
 
 
 rule prompts:
@@ -20,6 +21,5 @@ rule prompts:
     params:
         cfg=lambda wc: config_json("seed", "behaviours"),
     shell:
-        stage("make_prompts")
-        + " --config {params.cfg} --behaviour {wildcards.behaviour}"
+        stage("prompts") + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --model-json {input.model} --out {output} 2> {log}"

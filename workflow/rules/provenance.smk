@@ -1,4 +1,5 @@
 # Software, hardware, job and code versions, and the config as resolved.
+# Code: src/circuitflow/provenance.py.
 
 
 rule provenance:
@@ -20,7 +21,7 @@ rule provenance:
         cfg=config_json(*config),
     shell:
         stage("provenance")
-        + " --config {params.cfg} --out-environment {output.environment}"
+        + " environment --config {params.cfg} --out-environment {output.environment}"
         " --out-config {output.config} 2> {log}"
 
 
@@ -43,15 +44,14 @@ rule provenance_run:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("provenance_run")
     resources:
-        mem_mb=2000,
-        runtime=60,
+        **job_resources("provenance_run"),
     params:
         cfg=config_json(*config),
     shell:
         stage("provenance")
-        + " --config {params.cfg} --outdir "
+        + " after-run --config {params.cfg} --outdir "
         + OUT
         + " --out-hashes {output.hashes}"
         " --out-slurm {output.slurm} --out-pip-freeze {output.freeze} --out-run {output.run}"

@@ -1,5 +1,6 @@
 # Report pages: summary tables and figures of every stage, the cost of every job and the
 # provenance checklist, for `snakemake --report`. Run after the stages; job_costs runs last.
+# Code: src/circuitflow/report/ (stage.py writes every page).
 
 
 rule sae_summary:
@@ -33,12 +34,11 @@ rule sae_summary:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("sae_summary")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("sae_summary"),
     shell:
-        stage("report_tables") + " sae --saes {input} --out-csv {output.csv}"
+        stage("report") + " sae --saes {input} --out-csv {output.csv}"
         " --out-html {output.html} --out-figure {output.figure}"
         " --out-controller {output.controller} 2> {log}"
 
@@ -65,12 +65,11 @@ rule report_baseline:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("report_baseline")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("report_baseline"),
     shell:
-        stage("report_tables") + " baseline --json {input} --out-csv {output.csv}"
+        stage("report") + " baseline --json {input} --out-csv {output.csv}"
         " --out-html {output.html} 2> {log}"
 
 
@@ -96,15 +95,14 @@ rule report_behaviour:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("report_behaviour")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("report_behaviour"),
     params:
         attr_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
         iv_dir=lambda wc: f"{IV}/{wc.behaviour}",
     shell:
-        stage("report_tables") + " behaviour --behaviour {wildcards.behaviour}"
+        stage("report") + " behaviour --behaviour {wildcards.behaviour}"
         " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
         " --out-html {output} 2> {log}"
 
@@ -128,14 +126,13 @@ rule report_provenance:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("report_provenance")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("report_provenance"),
     params:
         prov_dir=lambda wc, input: Path(input[0]).parent,
     shell:
-        stage("report_tables") + " provenance --provenance-dir {params.prov_dir}"
+        stage("report") + " provenance --provenance-dir {params.prov_dir}"
         " --out-html {output} 2> {log}"
 
 
@@ -166,17 +163,15 @@ rule report_gpu_hours:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("report_gpu_hours")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("report_gpu_hours"),
     params:
         cfg=config_json(
             "model", "layers", "sites", "behaviours", "capture", "sae", "attribution"
         ),
     shell:
-        stage("report_tables")
-        + " gpu_hours --suite {input.suite} --config {params.cfg}"
+        stage("report") + " gpu_hours --suite {input.suite} --config {params.cfg}"
         " --reference-config {input.reference} --out-csv {output.csv}"
         " --out-html {output.html} 2> {log}"
 
@@ -215,15 +210,14 @@ rule job_costs:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: 1
+    threads: job_threads("job_costs")
     resources:
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("job_costs"),
     params:
         cfg=config_json("device", "model", "embedded", "sites", "behaviours"),
     shell:
-        stage("job_costs")
-        + " --config {params.cfg} --outdir "
+        stage("report")
+        + " job_costs --config {params.cfg} --outdir "
         + OUT
         + " --environment {input.environment} --out-csv {output.csv}"
         " --out-html {output.html} --out-figure {output.figure} 2> {log}"

@@ -1,5 +1,6 @@
-# One SAE per (site, layer); on Slurm each job is one array task. Exit 75 = checkpointed on
-# SIGTERM: the retry (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets more walltime.
+# One SAE per (site, layer), one job each (on Slurm too: no job arrays, see the DESIGN). Exit 75 =
+# checkpointed on SIGTERM: the retry (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets
+# more walltime. Code: src/circuitflow/sae/ (stage.py writes the outputs).
 
 
 rule train_sae:
@@ -20,12 +21,10 @@ rule train_sae:
     resources:
         **job_resources("train_sae"),
     params:
-        cfg=config_json("seed", "device", "sae"),
-        dtype=config["model"]["dtype"],
+        cfg=config_json("seed", "device", "model", "sae"),
         # Outside the output: Snakemake deletes a directory() output before a retry.
         ckpt=lambda wc: f"{OUT}/checkpoints/saes/{wc.site}/layer_{wc.layer}",
     shell:
         stage("train_sae")
-        + " --activations {input.acts} --model-dir $(dirname {input.model})"
-        " --out {output} --checkpoint-dir {params.ckpt} --threads {threads}"
-        " --model-dtype {params.dtype} --config-json {params.cfg} > {log} 2>&1"
+        + " --config {params.cfg} --activations {input.acts} --model-json {input.model}"
+        " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"

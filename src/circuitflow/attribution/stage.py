@@ -1,0 +1,225 @@
+"""The attribution stage for one behaviour: node scores, their validation, the graph, figures and
+feature contexts.
+
+Steps: `plan` (the batch size the memory plan allows), `score` (every node by the fast method,
+the exact reference on a subset, validation), `build_graph` (top nodes and edges), `contexts`
+(top activating contexts of the top features), `write` (tables, figures, graph.json last).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from circuitflow.attribution import contexts as feature_contexts
+from circuitflow.attribution import graph as circuit_graph
+from circuitflow.attribution import plots, scores
+from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.page import graph_html
+from circuitflow.io import save_figure, write_json, write_parquet, write_text
+from circuitflow.nodes import site_layer
+
+log = logging.getLogger(__name__)
+CONTEXT_COLUMNS = ["site", "layer", "feature", "rank", "activation", "text"]
+
+
+def plan(
+    model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig, behaviour: str
+):
+    """(`cfg` with the batch size the memory plan allows, the plan)."""
+    batch = scores.plan_batch_size(model, prompts, saes, cfg)
+    if batch.batch_size < cfg.batch_size:
+        log.warning(
+            "%s: attribution.batch_size %d lowered by the %s",
+            behaviour,
+            cfg.batch_size,
+            batch.describe(),
+        )
+        cfg = replace(cfg, batch_size=batch.batch_size)
+    return cfg, batch
+
+
+@dataclass
+class Scored:
+    scores: scores.NodeScores
+    frame: pd.DataFrame  # every node, `score` = exact where computed, else the fast method
+    validation: dict[str, Any]
+
+
+def score(
+    model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig, behaviour: str
+) -> Scored:
+    node_scores = scores.attribute(model, prompts, saes, cfg)
+    validation = scores.validation(node_scores.frame, cfg.method, cfg.spearman_threshold)
+    if validation["passed"] is False:
+        log.warning(
+            "%s: %s agrees poorly with exact patching (spearman %.3f < %.2f)",
+            behaviour,
+            cfg.method,
+            validation["spearman"],
+            cfg.spearman_threshold,
+        )
+    return Scored(node_scores, scores.with_score(node_scores.frame, cfg.method), validation)
+
+
+def build_graph(
+    model,
+    prompts: pd.DataFrame,
+    saes: dict[str, Any],
+    scored: Scored,
+    cfg: AttributionConfig,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """graph.json: the top nodes, the edges between them, `meta` (timings added here)."""
+    t0 = time.perf_counter()
+    nodes = circuit_graph.select_nodes(scored.frame, cfg)
+    edges = circuit_graph.compute_edges(model, prompts, saes, scored.scores.groups, nodes, cfg)
+    meta["seconds"]["edges"] = time.perf_counter() - t0
+    return circuit_graph.build_graph(nodes, edges, cfg, model.cfg.n_layers, meta)
+
+
+def contexts(
+    features: pd.DataFrame,
+    saes: dict[str, Any],
+    acts_files: dict[str, Path],
+    tokenizer: Any,
+    cfg: AttributionConfig,
+) -> pd.DataFrame:
+    """Top activating contexts of each SAE's top `context_features` features."""
+    frames = []
+    for hook, sae in saes.items():
+        site, layer = site_layer(hook)
+        sub = features[(features["layer"] == layer) & (features["site"] == site)]
+        top = sub[sub["kind"] == "feature"].head(cfg.context_features)
+        frames.append(
+            feature_contexts.contexts(
+                acts_files[hook],
+                sae,
+                site,
+                layer,
+                top["feature"].astype(int).tolist(),
+                tokenizer,
+                cfg.n_contexts,
+                cfg.context_window,
+                cfg.context_max_tokens,
+            )
+        )
+    found = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return pd.DataFrame(columns=CONTEXT_COLUMNS) if found.empty else found
+
+
+def write(
+    out: Path,
+    tables: dict[str, pd.DataFrame],
+    graph: dict[str, Any],
+    summary: dict[str, Any],
+    model_cfg,
+    cfg: AttributionConfig,
+    behaviour: str,
+) -> None:
+    for name, table in tables.items():
+        write_parquet(out / f"{name}.parquet", table)
+    heatmap = plots.head_heatmap(
+        tables["heads"], model_cfg.n_layers, model_cfg.n_heads, f"{behaviour}: head effects"
+    )
+    save_figure(out / "heads.png", heatmap)
+    top = plots.top_features(
+        tables["features"], cfg.top_features_plot, f"{behaviour}: top SAE features"
+    )
+    save_figure(out / "features.png", top)
+    write_text(out / "graph.html", graph_html(graph, f"{behaviour} circuit"))
+    write_json(out / "summary.json", summary)
+    write_json(out / "graph.json", graph)  # last: the rule's main output
+
+
+def attribute(
+    model,
+    prompts: pd.DataFrame,
+    saes: dict[str, Any],
+    acts_files: dict[str, Path],
+    tokenizer: Any,
+    cfg: AttributionConfig,
+    behaviour: str,
+    out_dir: Path | str,
+) -> dict[str, Any]:
+    """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
+    graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`."""
+    cfg, batch = plan(model, prompts, saes, cfg, behaviour)
+    t0 = time.perf_counter()
+    scored = score(model, prompts, saes, cfg, behaviour)
+    tables = {
+        "heads": scores.heads_table(scored.frame),
+        "features": scores.features_table(scored.frame),
+        "components": scores.components_table(scored.frame),
+    }
+    ns = scored.scores
+    meta = {
+        "behaviour": behaviour,
+        "method": cfg.method,
+        "metric": "logit_diff (answer - distractor, last position)",
+        "metric_clean": ns.metric_clean,
+        "metric_corrupted": ns.metric_corrupted,
+        "n_prompts": ns.n_prompts,
+        "validation": scored.validation,
+        "config": asdict(cfg),  # batch_size as run (the memory plan may lower it)
+        "memory_plan": batch.describe(),
+        "seconds": dict(ns.seconds),
+    }
+    graph = build_graph(model, prompts, saes, scored, cfg, meta)
+    meta["seconds"]["total"] = time.perf_counter() - t0
+    meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
+    graph |= {"seconds": meta["seconds"], "seconds_per_prompt": meta["seconds_per_prompt"]}
+    tables["feature_contexts"] = contexts(tables["features"], saes, acts_files, tokenizer, cfg)
+    summary = meta | {
+        "top_heads": tables["heads"].head(5)[["layer", "head", "score"]].to_dict("records"),
+        "top_components": tables["components"]
+        .head(5)[["kind", "layer", "index", "score"]]
+        .to_dict("records"),
+        "n_graph_nodes": len(graph["nodes"]),
+        "n_graph_edges": len(graph["edges"]),
+    }
+    write(Path(out_dir), tables, graph, summary, model.cfg, cfg, behaviour)
+    log.info(
+        "%s: %d prompts, spearman %s, %.2f s per prompt",
+        behaviour,
+        ns.n_prompts,
+        scored.validation["spearman"],
+        meta["seconds_per_prompt"],
+    )
+    return summary
+
+
+def run(
+    config: dict,
+    behaviour: str,
+    prompts_path: Path | str,
+    model_json: Path | str,
+    sae_dirs: list[Path | str],
+    activation_files: list[Path | str],
+    out_dir: Path | str,
+) -> dict[str, Any]:
+    """The stage: load the model, prompts and SAEs named by the rule, then `attribute`."""
+    from circuitflow.attribution.splice import load_saes
+    from circuitflow.capture.files import read_activation_info
+    from circuitflow.errors import ConfigError
+    from circuitflow.model.load import load_model, load_tokenizer
+    from circuitflow.prompts import read_prompts
+
+    if len(sae_dirs) != len(activation_files):
+        raise ConfigError("--saes and --activations must name the same number of paths")
+    cfg = AttributionConfig.from_dict(config.get("attribution"))
+    prompts = read_prompts(prompts_path)
+    # Pair SAEs with activation files by the hook each names, not by argument order alone.
+    acts = {read_activation_info(a).hook_name: Path(a) for a in activation_files}
+    model_dir = Path(model_json).parent
+    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    saes = load_saes(sae_dirs, next(model.parameters()).device)
+    missing = sorted(set(saes) - set(acts))
+    if missing:
+        raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
+    return attribute(model, prompts, saes, acts, load_tokenizer(model_dir), cfg, behaviour, out_dir)

@@ -1,0 +1,376 @@
+"""The capture stage: one forward pass per batch serves every requested site and layer.
+
+Steps: `plan` (contexts, checkpoint units, the memory plan's batch size), `open_partials`
+(resume where a killed run stopped), `capture_units` (run the model, write each batch's rows,
+checkpoint after every unit), then the files are finished and the run summarised. Units and
+batches are fixed functions of the token set and the batch size (which the partial records), so
+a resumed run writes the same bytes as an uninterrupted one. The file format is in `files.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from circuitflow import memory
+from circuitflow.capture.files import CHUNK_BYTES, PartialFile
+from circuitflow.resumable import Interrupted, sigterm_flag
+
+log = logging.getLogger(__name__)
+STORAGE_DTYPES = ("float16", "float32")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """The `capture` config section's run-time settings."""
+
+    dtype: str = "float16"
+    exclude_bos: bool = True
+    checkpoint_tokens: int = 65536
+    batch_size: int | None = None  # None: planned from memory
+    max_batch_size: int = 256
+    memory_fraction: float = 0.8
+
+    @classmethod
+    def from_config(cls, capture: dict) -> CaptureOptions:
+        return cls(**{k: capture[k] for k in cls.__dataclass_fields__ if k in capture})
+
+
+# --- units and shards -----------------------------------------------------------------------------
+def unit_contexts(opts: CaptureOptions, context_length: int) -> int:
+    """Contexts per checkpoint unit (progress is flushed after each)."""
+    per_context = context_length - 1 if opts.exclude_bos else context_length
+    return max(1, math.ceil(opts.checkpoint_tokens / per_context))
+
+
+def shard_range(n_contexts: int, unit: int, shard: int, n_shards: int) -> tuple[int, int]:
+    """Shard `shard` of `n_shards`: a run of whole units, so sharded and unsharded runs batch the
+    same contexts together and write the same bytes."""
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is outside 0-{n_shards - 1}")
+    n_units = math.ceil(n_contexts / unit)
+    if n_shards > n_units:
+        raise ValueError(
+            f"capture.shards: {n_shards} shards for {n_units} checkpoint units; use at most "
+            f"{n_units} shards or a smaller capture.checkpoint_tokens"
+        )
+    lo, hi = shard * n_units // n_shards, (shard + 1) * n_units // n_shards
+    return lo * unit, min(hi * unit, n_contexts)
+
+
+# --- plan -----------------------------------------------------------------------------------------
+@dataclass
+class CapturePlan:
+    """What one capture job will do, fixed before anything runs."""
+
+    start: int  # first context of the token set this job captures
+    stop: int
+    context_length: int
+    skip: int  # 1 when BOS is left out of the stored rows
+    unit: int  # contexts per checkpoint unit
+    stop_at: int  # stop_at_layer: the deepest captured layer + 1
+    key: str  # resume key: a partial made with other settings is started afresh
+    estimate: memory.Estimate
+    batch: memory.BatchPlan
+    resident: int  # bytes the process held before the work (runtime, weights)
+
+    @property
+    def per_context(self) -> int:
+        return self.context_length - self.skip
+
+    @property
+    def n_contexts(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_contexts * self.per_context
+
+
+def plan(
+    model,
+    tokens: np.ndarray,
+    token_meta: dict,
+    layers: list[int],
+    opts: CaptureOptions,
+    context_range: tuple[int, int] | None = None,
+) -> CapturePlan:
+    """Contexts, checkpoint units, the resume key and the memory plan's batch size."""
+    if opts.dtype not in STORAGE_DTYPES:
+        raise ValueError(f"capture.dtype: {opts.dtype!r}; allowed values: float16, float32")
+    device = str(next(model.parameters()).device)
+    start, stop = context_range or (0, len(tokens))
+    context_length = int(tokens.shape[1])
+    unit = unit_contexts(opts, context_length)
+    stop_at = max(layers) + 1
+    key = json.dumps(
+        {
+            "model_hash": token_meta["model_hash"],
+            "token_set_hash": token_meta["token_set_hash"],
+            "contexts": [start, stop],
+            "unit": unit,
+            "opts": {k: v for k, v in asdict(opts).items() if k in ("dtype", "exclude_bos")},
+        },
+        sort_keys=True,
+    )
+    estimate = memory.estimate_forward(
+        model.cfg,
+        sum(p.numel() for p in model.parameters()),
+        context_length,
+        stop_at,
+        len(layers),
+        next(model.parameters()).dtype,
+        opts.dtype,
+        device,
+        buffers=len(layers) * 8 * CHUNK_BYTES,  # each file's HDF5 chunk cache
+    )
+    # The weights are already loaded, so what is available now excludes them: add them back,
+    # since the estimate counts them. The rest of the process (runtime, libraries) is resident
+    # already and reported beside the estimate.
+    resident = memory.current_memory_bytes(device)
+    batch = memory.plan_batch_size(
+        estimate,
+        opts.batch_size or opts.max_batch_size,
+        opts.memory_fraction,
+        available=memory.available_bytes(device) + estimate.weights,
+    )
+    other = max(0, resident - estimate.weights) / memory.MiB
+    message = f"{batch.describe()}; plus {other:.0f} MiB runtime already resident"
+    log.info("%s (%d hooks, stop_at_layer %d)", message, len(layers), stop_at)
+    print(message, flush=True)
+    skip = 1 if opts.exclude_bos else 0
+    return CapturePlan(
+        start, stop, context_length, skip, unit, stop_at, key, estimate, batch, resident
+    )
+
+
+# --- compute and write ----------------------------------------------------------------------------
+def open_partials(p: CapturePlan, files: list[PartialFile], dtype: str) -> tuple[int, int | None]:
+    """Open every partial file: (contexts all of them hold, the batch size they were made with)."""
+    try:
+        opened = [f.open(p.key, p.n_rows, dtype) for f in files]
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    saved = [b for _, b in opened if b]
+    return min(done for done, _ in opened), (min(saved) if saved else None)
+
+
+def capture_units(
+    model,
+    tokens: np.ndarray,
+    p: CapturePlan,
+    files: list[PartialFile],
+    dtype: str,
+    done: int,
+    backoff: memory.OOMBackoff,
+    progress: bool,
+) -> int:
+    """Capture contexts `done` .. the plan's end, one checkpoint unit at a time: run the model on
+    each batch (hooks registered once), write its rows into every file, and after each unit write
+    its tokens and flush progress. SIGTERM stops after the current batch and raises Interrupted
+    once the last completed unit is on disk. Returns the contexts done (all of them)."""
+    from tqdm import tqdm
+
+    device = str(next(model.parameters()).device)
+    d_model = model.cfg.d_model
+    by_hook = {f.hook: f for f in files}
+    captured: dict[str, np.ndarray] = {}
+    store = getattr(torch, dtype)
+
+    def grab(act, hook):
+        captured[hook.name] = act[:, p.skip :].to(store).to("cpu").numpy()
+
+    def run_batch(a: int, b: int) -> int:
+        captured.clear()
+        batch = torch.from_numpy(np.asarray(tokens[a:b], dtype=np.int64)).to(device)
+        with torch.inference_mode():
+            model(batch, stop_at_layer=p.stop_at)
+        r0, r1 = (a - p.start) * p.per_context, (b - p.start) * p.per_context
+        for name, f in by_hook.items():
+            f.file["acts"][r0:r1] = captured[name].reshape(-1, d_model)
+        return b - a
+
+    def interrupted() -> Interrupted:
+        return Interrupted(f"SIGTERM: progress saved at context {done} of {p.n_contexts}")
+
+    bar = tqdm(
+        total=p.n_rows,
+        initial=done * p.per_context,
+        unit="tok",
+        unit_scale=True,
+        disable=not progress,
+        mininterval=1 if os.isatty(2) else 10,
+        desc="capture",
+    )
+    with sigterm_flag() as stop, model.hooks(fwd_hooks=[(h, grab) for h in by_hook]), bar:
+        pos = p.start + done
+        while pos < p.stop:
+            unit_stop = min(p.stop, p.start + ((pos - p.start) // p.unit + 1) * p.unit)
+            while pos < unit_stop and not stop.requested:
+                a = pos
+                pos += backoff.run(lambda bs, a=a, u=unit_stop: run_batch(a, min(a + bs, u)))
+                bar.update((pos - a) * p.per_context)
+            if pos < unit_stop:  # interrupted inside a unit: keep the last completed one
+                raise interrupted()
+            unit_tokens = np.asarray(tokens[p.start + done : unit_stop])
+            r0, r1 = done * p.per_context, (unit_stop - p.start) * p.per_context
+            for f in files:
+                f.file["tokens"][r0:r1] = unit_tokens[:, p.skip :].reshape(-1)
+                f.checkpoint(unit_stop - p.start, backoff.batch_size)
+            done = unit_stop - p.start
+            log.info("checkpoint: %d of %d contexts", done, p.n_contexts)
+            if stop.requested and pos < p.stop:
+                raise interrupted()
+    return done
+
+
+def file_attrs(
+    p: CapturePlan, token_meta: dict, opts: CaptureOptions, d_model: int, shard: tuple[int, int]
+) -> dict:
+    """The attrs every file of this job carries (site, layer and hook_name are added per file)."""
+    return {
+        "model_hash": token_meta["model_hash"],
+        "token_set_hash": token_meta["token_set_hash"],
+        "dtype": opts.dtype,
+        "n_tokens": p.n_rows,
+        "d_in": d_model,
+        "context_length": p.context_length,
+        "bos_excluded": bool(opts.exclude_bos),
+        "bos_token_id": int(token_meta["bos_token_id"]),
+        "context_start": p.start,
+        "context_stop": p.stop,
+        "shard": shard[0],
+        "n_shards": shard[1],
+    }
+
+
+# --- summarise ------------------------------------------------------------------------------------
+@dataclass
+class CaptureResult:
+    n_tokens: int
+    n_contexts: int
+    seconds: float
+    tokens_per_s: float
+    bytes_written: int
+    batch_size: int
+    resumed_from: int
+    peak_memory_mb: float
+    estimate_mb: float
+    planned_peak_mb: float = 0.0  # the memory plan's estimate at the largest batch run
+
+
+def summarise(
+    p: CapturePlan,
+    n_files: int,
+    d_model: int,
+    dtype: str,
+    resumed_from: int,
+    seconds: float,
+    batch_size: int,
+    device: str,
+) -> CaptureResult:
+    new_tokens = (p.n_contexts - resumed_from) * p.per_context
+    result = CaptureResult(
+        n_tokens=p.n_rows,
+        n_contexts=p.n_contexts,
+        seconds=seconds,
+        tokens_per_s=new_tokens / seconds if seconds > 0 else float("nan"),
+        bytes_written=new_tokens * d_model * np.dtype(dtype).itemsize * n_files,
+        batch_size=batch_size,
+        resumed_from=resumed_from,
+        peak_memory_mb=memory.peak_memory_bytes(device) / memory.MiB,
+        estimate_mb=(p.batch.estimate_bytes + max(0, p.resident - p.estimate.weights)) / memory.MiB,
+        planned_peak_mb=p.estimate.total(min(batch_size, p.unit, p.n_contexts)) / memory.MiB,
+    )
+    log.info(
+        "captured %d tokens x %d hooks in %.1f s: %.0f tokens/s, %.1f MB/s written, "
+        "peak memory %.0f MiB (planned %.0f MiB incl. runtime)",
+        new_tokens,
+        n_files,
+        seconds,
+        result.tokens_per_s,
+        result.bytes_written / seconds / 1e6 if seconds > 0 else 0.0,
+        result.peak_memory_mb,
+        result.estimate_mb,
+    )
+    return result
+
+
+# --- the whole capture ----------------------------------------------------------------------------
+def capture(
+    model,
+    tokens: np.ndarray,
+    token_meta: dict,
+    targets: dict[tuple[str, int], Path | str],
+    opts: CaptureOptions,
+    context_range: tuple[int, int] | None = None,
+    shard: tuple[int, int] = (0, 1),
+    inject_oom: Callable[[int], None] | None = None,
+    progress: bool = True,
+) -> CaptureResult:
+    """Capture every (site, layer) in `targets` over contexts `context_range` of `tokens`
+    ([n_contexts, context_length] int32, BOS first) and write the HDF5 files."""
+    device = str(next(model.parameters()).device)
+    d_model = model.cfg.d_model
+    files = [
+        PartialFile(site, layer, path, d_model) for (site, layer), path in sorted(targets.items())
+    ]
+    p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
+    done, saved_batch = open_partials(p, files, opts.dtype)
+    resumed_from = done
+    batch_size = saved_batch or (opts.batch_size or p.batch.batch_size)
+    if done:
+        log.info("resuming at context %d of %d (batch size %d)", done, p.n_contexts, batch_size)
+    backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        capture_units(model, tokens, p, files, opts.dtype, done, backoff, progress)
+        seconds = time.perf_counter() - t0
+        attrs = file_attrs(p, token_meta, opts, d_model, shard)
+        for f in files:
+            f.finish(attrs | {"site": f.site, "layer": f.layer, "hook_name": f.hook})
+    finally:
+        for f in files:
+            f.close()
+    return summarise(
+        p, len(files), d_model, opts.dtype, resumed_from, seconds, backoff.batch_size, device
+    )
+
+
+def run(
+    config: dict,
+    model_json: Path | str,
+    tokens_npy: Path | str,
+    tokens_json: Path | str,
+    out_dir: Path | str,
+    shard: int = 0,
+    n_shards: int = 1,
+) -> CaptureResult:
+    """The stage: capture every configured site and layer of this shard's contexts into
+    `out_dir/{site}/layer_{layer}.h5`."""
+    from circuitflow.capture.tokens import read_token_set
+    from circuitflow.model.load import load_model
+
+    tokens, meta = read_token_set(tokens_npy, tokens_json)
+    opts = CaptureOptions.from_config(config["capture"])
+    span = shard_range(len(tokens), unit_contexts(opts, meta["context_length"]), shard, n_shards)
+    targets = {
+        (site, layer): Path(out_dir) / site / f"layer_{layer}.h5"
+        for site in config["sites"]
+        for layer in config["layers"]
+    }
+    model = load_model(Path(model_json).parent, config["device"], config["model"]["dtype"])
+    return capture(model, tokens, meta, targets, opts, span, shard=(shard, n_shards))

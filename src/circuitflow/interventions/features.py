@@ -1,0 +1,117 @@
+"""SAE features: the top features by attribution ablated next to random active ones, and
+steered along their decoder direction next to a random direction of the same norm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.stats import Runs
+from circuitflow.nodes import Node, hook_name
+
+
+def active_features(iv: Intervener, hook: str) -> np.ndarray:
+    """Features of the SAE at `hook` that fire somewhere on the clean prompts."""
+    fired = None
+    for g in range(len(iv.groups)):
+        f = iv._feature_acts(hook, "clean", g)
+        any_g = (f > 0).flatten(0, -2).any(0).cpu().numpy()
+        fired = any_g if fired is None else fired | any_g
+    return np.flatnonzero(fired) if fired is not None else np.array([], dtype=int)
+
+
+def feature_interventions(
+    runs: Runs,
+    attribution_features: pd.DataFrame | None,
+    saes: dict[str, Any],
+    tokenizer: Any,
+    cfg: InterventionsConfig,
+    base_seed: int,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ablation table, steering table) for the top features by attribution and controls."""
+    empty_ablate = pd.DataFrame(columns=["site", "layer", "feature", "set", "score", "score_std"])
+    empty_steer = pd.DataFrame(columns=["site", "layer", "feature", "direction", "alpha"])
+    if attribution_features is None or not saes or cfg.n_features == 0:
+        return empty_ablate, empty_steer
+    feats = attribution_features[attribution_features["kind"] == "feature"]
+    feats = feats[[hook_name(r.site, int(r.layer)) in saes for r in feats.itertuples()]]
+    feats = feats.reindex(feats["score"].abs().sort_values(ascending=False).index)
+    top = feats.head(cfg.n_features)
+    iv = runs.iv
+    rows = []
+    for r in top.itertuples():
+        node = Node("feature", int(r.layer), int(r.feature), r.site)
+        rows.append(
+            {"site": r.site, "layer": int(r.layer), "feature": int(r.feature), "set": "top"}
+            | runs.effect([node], cfg.ci_level)
+            | {"attribution_score": float(r.score)}
+        )
+    attr_score = {
+        (r.site, int(r.layer), int(r.feature)): float(r.score) for r in feats.itertuples()
+    }
+    for site, layer in sorted({(r.site, int(r.layer)) for r in top.itertuples()}):
+        hook = hook_name(site, layer)
+        pool = np.setdiff1d(active_features(iv, hook), top["feature"].astype(int).to_numpy())
+        rng = np.random.default_rng([base_seed, layer, 31])
+        pick = rng.choice(pool, min(cfg.n_random_features, len(pool)), replace=False)
+        for f in sorted(int(x) for x in pick):
+            node = Node("feature", layer, f, site)
+            rows.append(
+                {"site": site, "layer": layer, "feature": f, "set": "random"}
+                | runs.effect([node], cfg.ci_level)
+                | {"attribution_score": attr_score.get((site, layer, f), np.nan)}
+            )
+    ablate = pd.DataFrame(rows) if rows else empty_ablate
+
+    steer_rows = []
+    base = runs.base
+    for r in top.itertuples():
+        site, layer, f = r.site, int(r.layer), int(r.feature)
+        hook = hook_name(site, layer)
+        direction = saes[hook].W_dec[f].detach().float().cpu()
+        g = torch.Generator().manual_seed(base_seed * 100003 + layer * 1009 + f)
+        rand = torch.randn(direction.shape, generator=g)
+        rand = rand / rand.norm() * direction.norm()
+        for kind, vec in (("feature", direction), ("random", rand)):
+            for alpha in cfg.steering_alphas:
+                out = (
+                    base
+                    if alpha == 0
+                    else runs.iv.run((), seed=runs.seeds[0], steer=[(hook, alpha * vec)])
+                )
+                delta = out.mean_logits - base.mean_logits
+                # At alpha 0 nothing moves: no top tokens to name.
+                up = np.argsort(-delta, kind="stable")[: cfg.top_tokens] if alpha else []
+                steer_rows.append(
+                    {
+                        "site": site,
+                        "layer": layer,
+                        "feature": f,
+                        "direction": kind,
+                        "alpha": float(alpha),
+                        "decoder_norm": float(direction.norm()),
+                        "logit_diff": float(out.logit_diff.mean()),
+                        "logit_diff_change": float(out.logit_diff.mean() - base.logit_diff.mean()),
+                        "accuracy": float(out.correct.mean()),
+                        "top1_changed": float((out.top_token != base.top_token).mean()),
+                        "top_tokens": [decode(tokenizer, int(t)) for t in up],
+                        "top_token_logit_change": [float(delta[t]) for t in up],
+                        "attribution_score": float(r.score),
+                    }
+                )
+    steering = pd.DataFrame(steer_rows) if steer_rows else empty_steer
+    return ablate, steering
+
+
+def decode(tokenizer: Any, token: int) -> str:
+    if tokenizer is None:
+        return str(token)
+    try:
+        return tokenizer.decode([token])
+    except Exception:  # noqa: BLE001 - a token the tokenizer cannot render: show its id
+        return str(token)

@@ -1,0 +1,326 @@
+"""The interventions stage: test what attribution claims by changing the model and measuring
+the behaviour.
+
+Metric m: mean logit difference (answer - distractor, last position) over the behaviour's clean
+prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `resample`, see
+`ablation.py`), recorded in every table and in summary.json.
+
+* Circuits. Candidate nodes (`circuit_nodes: features`, the default) are the components
+  (token embedding, every head, every MLP), every SAE feature that fires on the behaviour's
+  clean prompts and every SAE's error term, as in Marks et al. 2024: the SAEs make the residual
+  stream itself a set of nodes, so a circuit can keep the token- and concept-specific directions
+  that carry the behaviour and drop the rest. `components` uses the components only. Nodes are
+  ranked by |attribution score|. C_n = the top n nodes, and for each n:
+  faithfulness(n) = (m(C_n) - m(empty)) / (m(M) - m(empty)) with every node outside C_n ablated;
+  completeness(n) = (m(M) - m(M minus C_n)) / (m(M) - m(empty)) with C_n ablated and the rest
+  kept: the share of the model's effect that is lost without the circuit (1 = nothing outside
+  the circuit can do the task; it is 1 - the complement's faithfulness of Marks et al. 2024).
+  Control: at each n, random circuits of n nodes (`n_random_circuits` draws). The smallest
+  faithful n is found on the grid of sizes and then by bisection between the last unfaithful
+  and the first faithful grid size. The attribution graph's own node set is scored as well.
+* Heads. Every head alone; every pair and triplet (up to `max_set_size`) among the top-k heads by
+  attribution, with the additive prediction (sum of single effects) and the interaction, and
+  random head sets of each size as the control.
+* Features. The top features by attribution, ablated, next to random active features of the same
+  SAE; and steered: alpha * W_dec[f] added at the feature's site, next to a random direction of
+  the same norm, with the top tokens whose mean logit rises most.
+
+Statistics: effects are m(M) - m(ablated) (`score`, positive = the node supports the answer, as
+in attribution), as a share of m(M) (`drop_frac`), the change in accuracy (answer beats
+distractor) and in calibration error. Each is repeated over `n_seeds` seeds, each a bootstrap
+resample of the prompts (and, for resample ablation, a new draw of the corrupted prompts):
+columns `<x>` hold the mean across seeds, `<x>_std` the std; `score_ci_low/high` is a
+t-interval over prompts on the full set, `p_value` a paired t-test against no effect.
+
+Steps: `read_attribution` (the attribution stage's tables and graph), `circuits`, `heads`,
+`features` (each in its module), `write` (tables, figures, summary.json last) and `summarise`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from circuitflow.interventions import circuits as circ
+from circuitflow.interventions import features as feat
+from circuitflow.interventions import heads as hd
+from circuitflow.interventions import plots
+from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.stats import Runs, seeds_for
+from circuitflow.io import save_figure, write_json, write_parquet
+from circuitflow.nodes import component_nodes, site_layer
+
+log = logging.getLogger(__name__)
+METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
+
+
+@dataclass
+class AttributionResults:
+    """What the attribution stage wrote for the behaviour (None where a file is absent)."""
+
+    heads: pd.DataFrame | None
+    components: pd.DataFrame | None
+    features: pd.DataFrame | None
+    graph: dict[str, Any] | None
+
+
+def read_attribution(attr_dir: Path | str) -> AttributionResults:
+    attr_dir = Path(attr_dir)
+
+    def table(name: str) -> pd.DataFrame | None:
+        path = attr_dir / name
+        return pd.read_parquet(path) if path.is_file() else None
+
+    graph_path = attr_dir / "graph.json"
+    graph = json.loads(graph_path.read_text()) if graph_path.is_file() else None
+    return AttributionResults(
+        table("heads.parquet"), table("components.parquet"), table("features.parquet"), graph
+    )
+
+
+@dataclass
+class Circuits:
+    curves: pd.DataFrame
+    ranked: list  # candidate nodes by |attribution score|
+    size: int  # the circuit size reported
+    smallest: int | None  # the smallest faithful size
+    features_as_nodes: bool
+
+
+def circuits(
+    runs: Runs,
+    attr: AttributionResults,
+    saes: dict[str, Any],
+    cfg: InterventionsConfig,
+    model_cfg,
+    base_seed: int,
+) -> Circuits:
+    """Candidates ranked by attribution, the curves over circuit sizes, the smallest faithful
+    size (grid, then bisection) and the attribution graph's own node set as a circuit."""
+    active = None
+    if attr.components is not None and len(attr.components):
+        if cfg.circuit_nodes == "features" and saes:
+            active = {site_layer(h): feat.active_features(runs.iv, h) for h in saes}
+        ranked = circ.ranked_nodes(attr.components, attr.features, active)
+    else:
+        ranked = component_nodes(model_cfg.n_layers, model_cfg.n_heads)
+    claimed = circ.graph_nodes(attr.graph, ranked)
+    sizes = circ.circuit_sizes(len(ranked), cfg, [cfg.circuit_size])
+    curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, named=claimed)
+    curves = circ.refine_smallest(runs, ranked, curves, cfg, base_seed)
+    smallest = circ.smallest_faithful(curves, cfg.faithfulness_threshold)
+    size = cfg.circuit_size if cfg.circuit_size is not None else smallest
+    size = min(size, len(ranked)) if size is not None else len(ranked)
+    return Circuits(curves, ranked, size, smallest, bool(active))
+
+
+def top_heads(attr: AttributionResults, singles: pd.DataFrame, k: int) -> list[tuple[int, int]]:
+    """The k heads by |attribution score| (by ablation effect when attribution has none)."""
+    if attr.heads is not None and len(attr.heads):
+        order = attr.heads.reindex(attr.heads["score"].abs().sort_values(ascending=False).index)
+    else:
+        order = singles
+    return [(int(r.layer), int(r.head)) for r in order.head(k).itertuples()]
+
+
+def write(
+    out: Path, tables: dict[str, pd.DataFrame], cfg: InterventionsConfig, model_cfg, behaviour: str
+) -> None:
+    for frame in tables.values():
+        frame.insert(0, "ablation", cfg.ablation)
+    for name, frame in tables.items():
+        write_parquet(out / f"{name}.parquet", frame)
+    title = f"{behaviour} ({cfg.ablation} ablation)"
+    figures = {
+        "faithfulness.png": plots.circuit_curves(
+            tables["circuits"], cfg.faithfulness_threshold, title
+        ),
+        "heads.png": plots.head_heatmap(
+            tables["heads"], model_cfg.n_layers, model_cfg.n_heads, title
+        ),
+        "head_sets.png": plots.head_sets(tables["head_sets"], title),
+        "steering.png": plots.steering(tables["steering"], title),
+    }
+    for name, fig in figures.items():
+        save_figure(out / name, fig)
+
+
+def summarise(
+    behaviour: str,
+    cfg: InterventionsConfig,
+    runs: Runs,
+    c: Circuits,
+    singles: pd.DataFrame,
+    top: list[tuple[int, int]],
+    n_prompts: int,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
+    top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
+    band_f = circ.random_band(curves, "faithfulness")
+    band_c = circ.random_band(curves, "completeness")
+
+    def band(b: pd.DataFrame, n: int | None) -> float | None:
+        return float(b.loc[n, "mean"]) if n is not None and n in b.index else None
+
+    return {
+        "behaviour": behaviour,
+        "ablation": cfg.ablation,
+        "mean_reference": cfg.mean_reference if cfg.ablation == "mean" else None,
+        "metric": METRIC,
+        "n_prompts": n_prompts,
+        "seeds": runs.seeds,
+        "logit_diff_clean": float(runs.base.logit_diff.mean()),
+        "logit_diff_empty": float(top_rows["m_empty"].iloc[0]),
+        "accuracy_clean": float(runs.base.correct.mean()),
+        "circuit_nodes": circ.CIRCUIT_NODE_TEXT[
+            cfg.circuit_nodes if c.features_as_nodes else "components"
+        ],
+        "n_nodes": len(ranked),
+        "n_nodes_by_kind": circ.count_kinds(ranked),
+        "circuit_size": int(size),
+        "circuit_size_source": "config" if cfg.circuit_size is not None else "smallest faithful",
+        "circuit": [node.id for node in ranked[:size]],
+        "faithfulness": float(top_rows.loc[size, "faithfulness"]),
+        "faithfulness_std": float(top_rows.loc[size, "faithfulness_std"]),
+        "completeness": float(top_rows.loc[size, "completeness"]),
+        "completeness_std": float(top_rows.loc[size, "completeness_std"]),
+        "random_faithfulness": band(band_f, size),
+        "random_completeness": band(band_c, size),
+        "faithfulness_threshold": cfg.faithfulness_threshold,
+        "smallest_faithful_size": smallest,
+        "smallest_faithful_circuit": None
+        if smallest is None
+        else [node.id for node in ranked[:smallest]],
+        "smallest_faithful_fraction": None if smallest is None else smallest / len(ranked),
+        "smallest_faithful_by_kind": None
+        if smallest is None
+        else circ.count_kinds(ranked[:smallest]),
+        "random_faithfulness_at_smallest": band(band_f, smallest),
+        "graph_circuit": circ.graph_summary(curves),
+        "faithfulness_curve": {int(n): float(v) for n, v in top_rows["faithfulness"].items()},
+        "completeness_curve": {int(n): float(v) for n, v in top_rows["completeness"].items()},
+        "top_heads": singles.head(5)[["layer", "head", "score", "drop_frac"]].to_dict("records"),
+        "top_k_heads": [hd.head_label(*h) for h in top],
+        "n_runs": runs.n_runs,
+        "config": asdict(cfg),
+        "seconds": seconds,
+    }
+
+
+def intervene(
+    model,
+    prompts: pd.DataFrame,
+    attribution_dir: Path | str,
+    saes: dict[str, Any],
+    tokenizer: Any,
+    cfg: InterventionsConfig,
+    behaviour: str,
+    out_dir: Path | str,
+    base_seed: int = 0,
+) -> dict[str, Any]:
+    """Write circuits.parquet, heads.parquet, head_sets.parquet, features.parquet,
+    steering.parquet, the figures and summary.json (last) into `out_dir`."""
+    t0 = time.perf_counter()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if cfg.max_prompts:
+        prompts = prompts.iloc[: cfg.max_prompts]
+    prompts = prompts.reset_index(drop=True)
+    attr = read_attribution(attribution_dir)
+    iv = Intervener(model, prompts, cfg.ablation, cfg.mean_reference, cfg.batch_size, saes)
+    runs = Runs(iv, seeds_for(cfg, base_seed))
+
+    c = circuits(runs, attr, saes, cfg, model.cfg, base_seed)
+    t_circuits = time.perf_counter() - t0
+    singles = hd.single_heads(runs, model.cfg, attr.heads, cfg.ci_level)
+    top = top_heads(attr, singles, cfg.top_k_heads)
+    sets = hd.head_sets(runs, singles, top, cfg, model.cfg, base_seed)
+    t_heads = time.perf_counter() - t0 - t_circuits
+    ablated, steering = feat.feature_interventions(
+        runs, attr.features, saes, tokenizer, cfg, base_seed
+    )
+    t_total = time.perf_counter() - t0
+    seconds = {
+        "circuits": t_circuits,
+        "heads": t_heads,
+        "features": t_total - t_circuits - t_heads,
+        "total": t_total,
+    }
+
+    tables = {
+        "circuits": c.curves,
+        "heads": singles,
+        "head_sets": sets,
+        "features": ablated,
+        "steering": steering,
+    }
+    out = Path(out_dir)
+    write(out, tables, cfg, model.cfg, behaviour)
+    summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds)
+    write_json(out / "summary.json", summary)  # last: the rule's main output
+    log.info(
+        "%s: faithfulness %.3f, completeness %.3f at n=%d; smallest faithful n=%s; %d runs, %.1f s",
+        behaviour,
+        summary["faithfulness"],
+        summary["completeness"],
+        c.size,
+        c.smallest,
+        runs.n_runs,
+        t_total,
+    )
+    return summary
+
+
+def run(
+    config: dict,
+    behaviour: str,
+    prompts_path: Path | str,
+    model_json: Path | str,
+    attribution_dir: Path | str,
+    sae_dirs: list[Path | str],
+    out_dir: Path | str,
+) -> dict[str, Any]:
+    """The stage: load the model, prompts and SAEs named by the rule, then `intervene`."""
+    from circuitflow.attribution.splice import load_saes
+    from circuitflow.model.load import load_model, load_tokenizer
+    from circuitflow.prompts import read_prompts
+
+    cfg = InterventionsConfig.from_dict(config.get("interventions"))
+    prompts = read_prompts(prompts_path)
+    model_dir = Path(model_json).parent
+    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    saes = load_saes(sae_dirs, next(model.parameters()).device)
+    return intervene(
+        model,
+        prompts,
+        attribution_dir,
+        saes,
+        load_tokenizer(model_dir),
+        cfg,
+        behaviour,
+        out_dir,
+        int(config.get("seed", 0)),
+    )
+
+
+def across(
+    behaviours: list[str], head_tables: list[Path | str], out: Path | str, out_figure: Path | str
+) -> pd.DataFrame:
+    """The interventions_across rule: single-head effects of every behaviour in one table."""
+    from circuitflow.errors import ConfigError
+
+    if len(behaviours) != len(head_tables):
+        raise ConfigError("--behaviours and --heads must name the same number of items")
+    tables = {b: pd.read_parquet(p) for b, p in zip(behaviours, head_tables, strict=True)}
+    frame = hd.heads_across_behaviours(tables)
+    save_figure(out_figure, plots.heads_across(frame))
+    write_parquet(out, frame)
+    return frame

@@ -1,0 +1,175 @@
+"""Model shapes: the real models' architectures as TransformerLens configs (no download), and
+the shape of any model read from its Hugging Face config.json, in one place.
+
+The GPU benchmarks build GPT-2 small and Qwen2.5-0.5B with random weights (identical compute and
+memory to the real models); the memory planner's GPU presets and the job resources size work
+for them. The values are the ones TransformerLens derives from the Hugging Face configs (`gpt2`,
+`Qwen/Qwen2.5-0.5B`) when the pipeline loads the real weights without weight processing
+(load.NO_PROCESSING), so LayerNorm stays LN and the unembedding is a separate matrix (Qwen's tied
+embedding is untied there too).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+
+def gpt2_small(**overrides: Any):
+    """GPT-2 small (124M): 12 layers, d_model 768, 12 heads, MLP 3072, vocabulary 50257."""
+    from transformer_lens import HookedTransformerConfig
+
+    return HookedTransformerConfig(
+        **{
+            "n_layers": 12,
+            "d_model": 768,
+            "n_heads": 12,
+            "d_head": 64,
+            "d_mlp": 3072,
+            "n_ctx": 1024,
+            "d_vocab": 50257,
+            "act_fn": "gelu_new",
+            "normalization_type": "LN",
+            "positional_embedding_type": "standard",
+            "eps": 1e-5,
+            "original_architecture": "GPT2LMHeadModel",
+            **overrides,
+        }
+    )
+
+
+def qwen25_05b(**overrides: Any):
+    """Qwen2.5-0.5B: 24 layers, d_model 896, 14 query heads sharing 2 key/value heads (GQA),
+    d_head 64, SwiGLU MLP 4864, RMSNorm, rotary positions, vocabulary 151936."""
+    from transformer_lens import HookedTransformerConfig
+
+    return HookedTransformerConfig(
+        **{
+            "n_layers": 24,
+            "d_model": 896,
+            "n_heads": 14,
+            "n_key_value_heads": 2,
+            "d_head": 64,
+            "d_mlp": 4864,
+            "n_ctx": 32768,
+            "d_vocab": 151936,
+            "act_fn": "silu",
+            "gated_mlp": True,
+            "normalization_type": "RMS",
+            "final_rms": True,
+            "positional_embedding_type": "rotary",
+            "rotary_dim": 64,
+            "rotary_base": 1_000_000,
+            "rotary_adjacent_pairs": False,
+            "use_attn_scale": True,
+            "eps": 1e-6,
+            "initializer_range": 0.02,
+            "original_architecture": "Qwen2ForCausalLM",
+            **overrides,
+        }
+    )
+
+
+ARCHITECTURES = {"gpt2-small": gpt2_small, "qwen2.5-0.5b": qwen25_05b}
+# model.name spellings (lower case) of the pipeline's configs -> architecture key.
+MODEL_NAMES = {
+    "gpt2": "gpt2-small",
+    "gpt2-small": "gpt2-small",
+    "qwen/qwen2.5-0.5b": "qwen2.5-0.5b",
+    "qwen2.5-0.5b": "qwen2.5-0.5b",
+}
+
+
+def architecture_key(model_name: str) -> str | None:
+    """The architecture key of a config's `model.name`, or None for other models."""
+    return MODEL_NAMES.get(str(model_name).lower())
+
+
+def config(name: str, **overrides: Any):
+    """The HookedTransformerConfig of architecture `name` (a key of ARCHITECTURES)."""
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[name](**overrides)
+
+
+def build(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A HookedTransformer of architecture `name` with random weights, in eval mode."""
+    from transformer_lens import HookedTransformer
+
+    cfg = config(name, device=device, dtype=dtype, seed=seed)
+    return HookedTransformer(cfg).eval()
+
+
+def n_params(cfg) -> int:
+    """Parameters of a HookedTransformer built from `cfg` (embedding and unembedding included),
+    counted from the shapes, so no model has to be built."""
+    d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    kv = getattr(cfg, "n_key_value_heads", None) or h
+    m = cfg.d_mlp
+    norm = {"LN": 2, "LNPre": 0, "RMS": 1, "RMSPre": 0}.get(cfg.normalization_type or "", 0)
+    attn = d * h * dh * 2 + h * dh + d + 2 * (d * kv * dh + kv * dh)  # Q, O; K, V (GQA)
+    mlp = d * m * (3 if cfg.gated_mlp else 2) + m + d
+    per_layer = attn + mlp + 2 * norm * d
+    pos = cfg.n_ctx * d if cfg.positional_embedding_type == "standard" else 0
+    unembed = d * cfg.d_vocab + cfg.d_vocab
+    return cfg.n_layers * per_layer + cfg.d_vocab * d + pos + norm * d + unembed
+
+
+def matmul_params_per_layer(cfg) -> int:
+    """Weights one token multiplies through in one block (attention projections and MLP)."""
+    d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    kv = getattr(cfg, "n_key_value_heads", None) or h
+    return 2 * d * h * dh + 2 * d * kv * dh + d * cfg.d_mlp * (3 if cfg.gated_mlp else 2)
+
+
+# Hugging Face config.json field names, in the order they are tried, per shape field.
+HF_FIELDS = {
+    "n_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "d_model": ("hidden_size", "n_embd", "d_model"),
+    "n_heads": ("num_attention_heads", "n_head", "n_heads"),
+    "n_key_value_heads": ("num_key_value_heads",),
+    "d_mlp": ("intermediate_size", "n_inner", "ffn_dim"),
+    "d_vocab": ("vocab_size",),
+    "n_ctx": ("max_position_embeddings", "n_positions", "n_ctx"),
+}
+# Families with a gated (SwiGLU) MLP, RMSNorm and rotary positions, as TransformerLens loads them.
+GATED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo"})
+
+
+def hf_field(hf: dict, name: str) -> int | None:
+    """A shape field of a Hugging Face config dict, or None when it names none of its keys."""
+    for key in HF_FIELDS[name]:
+        if hf.get(key) is not None:
+            return int(hf[key])
+    return None
+
+
+def read_hf_config(model_dir: Path | str) -> dict:
+    """config.json of a local Hugging Face model directory."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def from_hf_config(hf: dict):
+    """The shape fields n_params and the memory planner read, from a Hugging Face config dict
+    (missing ones take GPT-2-like values)."""
+    d = hf_field(hf, "d_model") or 768
+    heads = hf_field(hf, "n_heads") or max(1, d // 64)
+    gated = hf.get("model_type") in GATED_MODEL_TYPES
+    return SimpleNamespace(
+        n_layers=hf_field(hf, "n_layers") or 12,
+        d_model=d,
+        n_heads=heads,
+        d_head=d // heads,
+        n_key_value_heads=hf_field(hf, "n_key_value_heads"),
+        d_mlp=hf_field(hf, "d_mlp") or 4 * d,
+        d_vocab=hf_field(hf, "d_vocab") or 50257,
+        n_ctx=hf_field(hf, "n_ctx") or 1024,
+        gated_mlp=gated,
+        normalization_type="RMS" if gated else "LN",
+        positional_embedding_type="rotary" if gated else "standard",
+        act_fn="silu" if gated else "gelu_new",
+    )

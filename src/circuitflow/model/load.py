@@ -1,0 +1,190 @@
+"""Load the model under study as a TransformerLens `HookedTransformer`.
+
+Three kinds, recorded in `model/model.json` under `kind`:
+
+* `embedded`: trained by the pipeline (see `model.embedded`), weights in safetensors;
+* `transformer_lens`: a TransformerLens model name, weights pre-fetched into the Hugging Face
+  cache on a machine with internet, loaded offline in stage jobs;
+* `local_hf`: a local Hugging Face model directory.
+
+Real models load without TransformerLens's weight processing (no LayerNorm folding or
+centering), so the activations we capture are the Hugging Face model's own and reduced-precision
+weights are not reprocessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from circuitflow.devices import enable_fast_math, resolve_device, resolve_dtype
+from circuitflow.errors import ConfigError, InputError
+from circuitflow.io import sha256_files
+from circuitflow.model.architectures import hf_field
+
+MODEL_JSON = "model.json"
+WEIGHTS = "weights.safetensors"
+TOKENIZER_DIR = "tokenizer"
+NO_PROCESSING = dict(
+    fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+)
+
+
+def official_model_name(name: str) -> str:
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        return get_official_model_name(name)
+    except ValueError:
+        raise ConfigError(
+            f"model.name: {name!r} is neither 'embedded', a TransformerLens model name "
+            "(e.g. gpt2, Qwen/Qwen2.5-0.5B) nor a local directory with config.json"
+        ) from None
+
+
+def remote_n_layers(official_name: str) -> int | None:
+    """Layer count from the Hugging Face config (the cache, or the hub where reachable)."""
+    try:
+        from transformers import AutoConfig
+
+        hf_cfg = AutoConfig.from_pretrained(official_name)
+    except Exception:  # noqa: BLE001 - offline and not cached: the caller explains what to do
+        return None
+    return hf_field(hf_cfg.to_dict(), "n_layers")
+
+
+def read_model_json(model_dir: Path | str) -> dict:
+    path = Path(model_dir) / MODEL_JSON
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: run the model stage first")
+    return json.loads(path.read_text())
+
+
+def architecture_of(cfg) -> dict:
+    """The architecture fields worth recording from a HookedTransformerConfig."""
+    fields = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn")
+    return {f: getattr(cfg, f) for f in fields} | {"n_params": int(cfg.n_params or 0)}
+
+
+def _apply_hf_home(hf_cache: str | None) -> None:
+    if hf_cache:
+        os.environ["HF_HOME"] = str(Path(hf_cache).expanduser())
+
+
+def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto"):
+    """The model described by `model_dir/model.json`, in eval mode, on `device`."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    model_dir = Path(model_dir)
+    info = read_model_json(model_dir)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    enable_fast_math(device)
+    kind = info["kind"]
+    if kind == "embedded":
+        from safetensors.torch import load_file
+        from transformers import PreTrainedTokenizerFast
+
+        cfg = HookedTransformerConfig(**info["tl_config"])
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir / TOKENIZER_DIR)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
+        model.load_state_dict(load_file(model_dir / WEIGHTS))
+        model.to(torch_dtype)
+        model.to(device)
+    elif kind == "transformer_lens":
+        _apply_hf_home(info.get("hf_cache"))
+        model = HookedTransformer.from_pretrained(
+            info["official_name"], device=device, dtype=torch_dtype, **NO_PROCESSING
+        )
+    elif kind == "local_hf":
+        model = load_local_hf(info["path"], device, torch_dtype)
+    else:
+        raise InputError(f"{model_dir / MODEL_JSON}: unknown model kind {kind!r}")
+    model.eval()
+    return model
+
+
+def load_local_hf(path: str | Path, device: str, dtype: torch.dtype):
+    """A local Hugging Face directory as a HookedTransformer.
+
+    TransformerLens's `from_pretrained` insists on an official model name; its lower-level
+    loaders do accept a directory, so we assemble the model from them.
+    """
+    from transformer_lens import HookedTransformer
+    from transformer_lens import loading_from_pretrained as loading
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(Path(path).resolve())
+    cfg = loading.get_pretrained_model_config(path, device=device, dtype=dtype)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    model.load_and_process_state_dict(state_dict, **NO_PROCESSING)
+    del hf_model
+    return model.to(device)
+
+
+def prefetch(name: str, hf_cache: str | None = None) -> dict:
+    """Make a real model available offline and describe it for `model.json`.
+
+    Runs on the login node (internet); stage jobs then load with the hub offline.
+    """
+    _apply_hf_home(hf_cache)
+    from transformer_lens import loading_from_pretrained as loading
+
+    local = Path(name)
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.name: directory {local} has no config.json")
+        cfg = loading.get_pretrained_model_config(str(local.resolve()))
+        weights = sorted(local.glob("*.safetensors")) or sorted(local.glob("*.bin"))
+        return {
+            "kind": "local_hf",
+            "name": name,
+            "path": str(local.resolve()),
+            "architecture": architecture_of(cfg),
+            "weights_sha256": sha256_files(weights),
+        }
+    from huggingface_hub import snapshot_download
+
+    official = official_model_name(name)
+    snapshot = Path(
+        snapshot_download(
+            official,
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"],
+        )
+    )
+    cfg = loading.get_pretrained_model_config(official)
+    return {
+        "kind": "transformer_lens",
+        "name": name,
+        "official_name": official,
+        "snapshot": str(snapshot),
+        "hf_cache": hf_cache,
+        "architecture": architecture_of(cfg),
+        "weights_sha256": sha256_files(sorted(snapshot.glob("*.safetensors"))),
+    }
+
+
+def load_tokenizer(model_dir: Path | str):
+    """The model's tokenizer alone (no weights), for building prompts."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    info = read_model_json(model_dir)
+    if info["kind"] == "embedded":
+        return PreTrainedTokenizerFast.from_pretrained(Path(model_dir) / TOKENIZER_DIR)
+    return AutoTokenizer.from_pretrained(info.get("snapshot") or info["path"])
+
+
+def prefetch_stage(config: dict, out: Path | str) -> dict:
+    """Rule prefetch_model: fetch the configured model and write its model.json to `out`."""
+    from circuitflow.io import write_json
+
+    model = config["model"]
+    info = prefetch(model["name"], model.get("hf_cache")) | {"dtype": model["dtype"]}
+    write_json(out, info)
+    return info

@@ -1,0 +1,150 @@
+"""Hook names and node identity: the one place that spells them.
+
+A node is something attribution scores and interventions ablate: the token embedding, an
+attention head (a slice of `blocks.{l}.attn.hook_z`), an MLP output (`blocks.{l}.hook_mlp_out`),
+an SAE feature or an SAE's error term at a hook site (`blocks.{l}.hook_{site}`). Its id is what
+graph.json, summary.json and the parquet tables use: `embedding`, `head.{l}.{h}`, `mlp.{l}`,
+`feature.{site}.{l}.{f}`, `error.{site}.{l}`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+# Where a site sits inside its layer's forward pass (resid_pre before the heads, resid_post last).
+SITE_ORDER = {
+    "resid_pre": 0.0,
+    "attn_out": 0.4,
+    "resid_mid": 0.5,
+    "mlp_out": 0.9,
+    "resid_post": 1.0,
+}
+EMBED_HOOK = "hook_embed"
+KINDS = ("embedding", "head", "mlp", "feature", "error")
+
+
+def hook_name(site: str, layer: int) -> str:
+    """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}."""
+    if site not in SITES:
+        raise ValueError(f"sites: {site!r} is not allowed; allowed values: {', '.join(SITES)}")
+    return f"blocks.{int(layer)}.hook_{site}"
+
+
+def site_layer(hook: str) -> tuple[str, int]:
+    """(site, layer) of `blocks.{layer}.hook_{site}`: the inverse of hook_name."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_(\w+)", hook)
+    if not m or m[2] not in SITES:
+        raise ValueError(f"{hook!r} is not a hook site name (blocks.<layer>.hook_<site>)")
+    return m[2], int(m[1])
+
+
+def head_hook(layer: int) -> str:
+    return f"blocks.{int(layer)}.attn.hook_z"
+
+
+def mlp_hook(layer: int) -> str:
+    return f"blocks.{int(layer)}.hook_mlp_out"
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    """One node. `layer` is -1 for the embedding; `index` the head or feature, else -1; `site`
+    the hook site of SAE nodes, else ""."""
+
+    kind: str  # embedding | head | mlp | feature | error
+    layer: int = -1
+    index: int = -1
+    site: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown node kind {self.kind!r}; allowed: {', '.join(KINDS)}")
+
+    @classmethod
+    def of(cls, kind: str, layer=-1, index=-1, site=None) -> Node:
+        """A node from table columns (numpy ints, None or NaN sites); index and site are dropped
+        where the kind has none."""
+        has_index = kind in ("head", "feature")
+        has_site = kind in ("feature", "error")
+        return cls(
+            kind,
+            int(layer) if kind != "embedding" else -1,
+            int(index) if has_index else -1,
+            str(site) if has_site else "",
+        )
+
+    @property
+    def id(self) -> str:
+        return {
+            "embedding": "embedding",
+            "head": f"head.{self.layer}.{self.index}",
+            "mlp": f"mlp.{self.layer}",
+            "feature": f"feature.{self.site}.{self.layer}.{self.index}",
+            "error": f"error.{self.site}.{self.layer}",
+        }[self.kind]
+
+    @property
+    def hook(self) -> str:
+        """The hook whose activation holds this node."""
+        if self.kind == "embedding":
+            return EMBED_HOOK
+        if self.kind == "head":
+            return head_hook(self.layer)
+        if self.kind == "mlp":
+            return mlp_hook(self.layer)
+        return hook_name(self.site, self.layer)
+
+    @property
+    def label(self) -> str:
+        """Short human label: emb, L1H2, MLP0, resid_post0/F12, resid_post0/err."""
+        return {
+            "embedding": "emb",
+            "head": f"L{self.layer}H{self.index}",
+            "mlp": f"MLP{self.layer}",
+            "error": f"{self.site}{self.layer}/err",
+        }.get(self.kind, f"{self.site}{self.layer}/F{self.index}")
+
+    @property
+    def is_sae(self) -> bool:
+        return self.kind in ("feature", "error")
+
+    @property
+    def order(self) -> float:
+        """Position in the forward pass (embedding first; heads, then MLP, within a layer; an
+        SAE node just after its site)."""
+        if self.kind == "embedding":
+            return -1.0
+        if self.kind == "head":
+            return self.layer + 0.3
+        if self.kind == "mlp":
+            return self.layer + 0.8
+        return self.layer + SITE_ORDER[self.site] + 0.05
+
+    @classmethod
+    def parse(cls, node_id: str) -> Node:
+        if node_id == "embedding":
+            return cls("embedding")
+        if m := re.fullmatch(r"head\.(\d+)\.(\d+)", node_id):
+            return cls("head", int(m[1]), int(m[2]))
+        if m := re.fullmatch(r"mlp\.(\d+)", node_id):
+            return cls("mlp", int(m[1]))
+        if m := re.fullmatch(r"feature\.(\w+)\.(\d+)\.(\d+)", node_id):
+            return cls("feature", int(m[2]), int(m[3]), m[1])
+        if m := re.fullmatch(r"error\.(\w+)\.(\d+)", node_id):
+            return cls("error", int(m[2]), -1, m[1])
+        raise ValueError(f"cannot parse node id {node_id!r}")
+
+
+def head_nodes(n_layers: int, n_heads: int) -> list[Node]:
+    return [Node("head", layer, h) for layer in range(n_layers) for h in range(n_heads)]
+
+
+def component_nodes(n_layers: int, n_heads: int) -> list[Node]:
+    """Embedding, every head and every MLP, in forward order."""
+    nodes = [Node("embedding")]
+    for layer in range(n_layers):
+        nodes += [Node("head", layer, h) for h in range(n_heads)]
+        nodes.append(Node("mlp", layer))
+    return nodes

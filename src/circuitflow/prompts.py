@@ -1,0 +1,368 @@
+"""The prompts stage: each behaviour's prompt set, with an answer, a distractor and a corrupted
+twin for patching.
+
+Every source (the `SOURCES` registry: one entry per `behaviours.<name>.source`) yields rows with
+the same columns (`PROMPT_COLUMNS`); the clean and corrupted token lists of a row always have the
+same length, so later stages can patch position by position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from circuitflow.errors import ConfigError, InputError
+from circuitflow.io import write_parquet
+from circuitflow.model.language import LanguageConfig, SyntheticLanguage
+
+PROMPT_COLUMNS = [
+    "prompt_id",
+    "clean_tokens",
+    "corrupted_tokens",
+    "answer_id",
+    "distractor_id",
+    "clean_text",
+    "corrupted_text",
+    "answer_text",
+    "distractor_text",
+]
+
+# Templates and names after Wang et al. (2022), "Interpretability in the Wild" (IOI), BABA form.
+IOI_TEMPLATES = [
+    "Then, {B} and {A} went to the {PLACE}. {B} gave a {OBJECT} to",
+    "Then, {B} and {A} had a lot of fun at the {PLACE}. {B} gave a {OBJECT} to",
+    "Then, {B} and {A} were working at the {PLACE}. {B} decided to give a {OBJECT} to",
+    "Then, {B} and {A} were thinking about going to the {PLACE}. {B} wanted to give a {OBJECT} to",
+    "Then, {B} and {A} had a long argument, and afterwards {B} said to",
+    "After {B} and {A} went to the {PLACE}, {B} gave a {OBJECT} to",
+    "When {B} and {A} got a {OBJECT} at the {PLACE}, {B} decided to give it to",
+    "When {B} and {A} got a {OBJECT} at the {PLACE}, {B} decided to give the {OBJECT} to",
+    "While {B} and {A} were working at the {PLACE}, {B} gave a {OBJECT} to",
+    "While {B} and {A} were commuting to the {PLACE}, {B} gave a {OBJECT} to",
+    "After the lunch, {B} and {A} went to the {PLACE}. {B} gave a {OBJECT} to",
+    "Afterwards, {B} and {A} went to the {PLACE}. {B} gave a {OBJECT} to",
+    "Then, {B} and {A} had a long argument. Afterwards {B} said to",
+    "The {PLACE} {B} and {A} went to had a {OBJECT}. {B} gave it to",
+    "Friends {B} and {A} found a {OBJECT} at the {PLACE}. {B} gave it to",
+]
+IOI_NAMES = (
+    "Michael Christopher Jessica Matthew Ashley Jennifer Joshua Amanda Daniel David James "
+    "Robert John Joseph Andrew Ryan Brandon Jason Justin Sarah William Jonathan Stephanie "
+    "Brian Nicole Nicholas Anthony Heather Eric Elizabeth Adam Megan Melissa Kevin Steven "
+    "Thomas Timothy Christina Kyle Rachel Laura Lauren Amber Brittany Danielle Richard "
+    "Kimberly Jeffrey Amy Crystal Michelle Tiffany Jeremy Benjamin Mark Emily Aaron Charles "
+    "Rebecca Jacob Stephen Patrick Sean Erin Jamie Kelly Samantha Nathan Sara Dustin Paul "
+    "Angela Tyler Scott Katherine Andrea Gregory Erica Mary Travis Lisa Kenneth Bryan Lindsey "
+    "Kristen Jose Alexander Jesse Katie Lindsay Shannon Vanessa Courtney Christine Alicia "
+    "Cody Allison Bradley Samuel "
+).split()
+IOI_PLACES = ["store", "garden", "restaurant", "school", "hospital", "office", "house", "station"]
+IOI_OBJECTS = ["ring", "kiss", "bone", "basketball", "computer", "necklace", "drink", "snack"]
+
+# A small factual-recall set for real models: the capital of each country.
+CAPITALS = dict(
+    pair.split(":")
+    for pair in (
+        "France:Paris Italy:Rome Spain:Madrid Germany:Berlin Japan:Tokyo Russia:Moscow "
+        "Egypt:Cairo Greece:Athens Austria:Vienna Ireland:Dublin Poland:Warsaw Portugal:Lisbon "
+        "Norway:Oslo Sweden:Stockholm Canada:Ottawa Kenya:Nairobi Peru:Lima Cuba:Havana "
+        "Thailand:Bangkok China:Beijing "
+    ).split()
+)
+CAPITAL_TEMPLATE = "The capital of {country} is the city of"
+
+
+def behaviour_rng(seed: int, name: str) -> np.random.Generator:
+    """A generator per behaviour, stable across Python runs (no `hash()` randomisation)."""
+    salt = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    return np.random.default_rng([seed, salt])
+
+
+def prompts_hash(frame: pd.DataFrame) -> str:
+    """Content hash of a prompt set: tokens, answers and distractors, independent of file format."""
+    payload = [
+        [
+            list(map(int, r.clean_tokens)),
+            list(map(int, r.corrupted_tokens)),
+            int(r.answer_id),
+            int(r.distractor_id),
+        ]
+        for r in frame.itertuples()
+    ]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
+class Encoder:
+    """Text <-> token ids with the model's tokenizer, BOS prepended as TransformerLens does."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        bos = tokenizer.bos_token_id
+        self.bos_id = bos if bos is not None else tokenizer.eos_token_id
+
+    def prompt(self, text: str) -> list[int]:
+        return [self.bos_id, *self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def single(self, text: str) -> int | None:
+        """The id of `text` if it is one token, else None."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def first(self, text: str) -> int:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError(f"{text!r} encodes to no tokens")
+        return ids[0]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+
+def _rows(clean, corrupted, answers, distractors, encoder: Encoder | None) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {
+            "prompt_id": np.arange(len(clean)),
+            "clean_tokens": [list(map(int, c)) for c in clean],
+            "corrupted_tokens": [list(map(int, c)) for c in corrupted],
+            "answer_id": np.asarray(answers, dtype=np.int64),
+            "distractor_id": np.asarray(distractors, dtype=np.int64),
+        }
+    )
+    if encoder is not None:
+        frame["clean_text"] = [encoder.decode(c[1:]) for c in frame.clean_tokens]
+        frame["corrupted_text"] = [encoder.decode(c[1:]) for c in frame.corrupted_tokens]
+        frame["answer_text"] = [encoder.decode([a]) for a in frame.answer_id]
+        frame["distractor_text"] = [encoder.decode([d]) for d in frame.distractor_id]
+    else:
+        for column in PROMPT_COLUMNS[5:]:
+            frame[column] = None
+    return frame[PROMPT_COLUMNS]
+
+
+def synthetic_prompts(source: str, language: SyntheticLanguage, rng, n: int) -> pd.DataFrame:
+    make = {"induction": language.induction_prompts, "facts": language.facts_prompts}[source]
+    prompts = make(rng, n)
+    encoder = Encoder(language.tokenizer)
+    return _rows(
+        [p.clean for p in prompts],
+        [p.corrupted for p in prompts],
+        [p.answer for p in prompts],
+        [p.distractor for p in prompts],
+        encoder,
+    )
+
+
+def ioi_prompts(encoder: Encoder, rng, n: int) -> pd.DataFrame:
+    """IOI (BABA): the answer is the indirect object A, the distractor the subject B. The
+    corrupted prompt replaces the second mention of B by a third name C (the ABC dataset)."""
+    names = [name for name in IOI_NAMES if encoder.single(" " + name) is not None]
+    if len(names) < 3:
+        raise ConfigError("behaviours: ioi needs names that are single tokens for this tokenizer")
+    clean, corrupted, answers, distractors = [], [], [], []
+    for _ in range(n):
+        template = IOI_TEMPLATES[int(rng.integers(len(IOI_TEMPLATES)))]
+        a, b, c = rng.choice(names, size=3, replace=False)
+        fill = dict(PLACE=rng.choice(IOI_PLACES), OBJECT=rng.choice(IOI_OBJECTS))
+        first, _, rest = template.partition("{B}")  # the first mention of B stays in both prompts
+        clean_text = first + b + rest.format(A=a, B=b, **fill)
+        corrupt_text = first + b + rest.format(A=a, B=c, **fill)
+        clean_ids, corrupt_ids = encoder.prompt(clean_text), encoder.prompt(corrupt_text)
+        if len(clean_ids) != len(corrupt_ids):
+            continue
+        clean.append(clean_ids)
+        corrupted.append(corrupt_ids)
+        answers.append(encoder.single(" " + a))
+        distractors.append(encoder.single(" " + b))
+    return _rows(clean, corrupted, answers, distractors, encoder)
+
+
+def factual_recall_prompts(encoder: Encoder, rng, n: int) -> pd.DataFrame:
+    """Capitals: the corrupted prompt names another country of the same token length; its
+    capital is the distractor."""
+    facts = []
+    for country, capital in CAPITALS.items():
+        ids = encoder.prompt(CAPITAL_TEMPLATE.format(country=country))
+        facts.append((country, ids, encoder.first(" " + capital)))
+    clean, corrupted, answers, distractors = [], [], [], []
+    for _ in range(n):
+        country, ids, answer = facts[int(rng.integers(len(facts)))]
+        twins = [f for f in facts if len(f[1]) == len(ids) and f[2] != answer]
+        if not twins:
+            continue
+        _, other_ids, other_answer = twins[int(rng.integers(len(twins)))]
+        clean.append(ids)
+        corrupted.append(other_ids)
+        answers.append(answer)
+        distractors.append(other_answer)
+    if not clean:
+        raise ConfigError("behaviours: factual_recall found no prompt pairs of equal token length")
+    return _rows(clean, corrupted, answers, distractors, encoder)
+
+
+def read_prompt_file(path: Path) -> pd.DataFrame:
+    if path.suffix.lower() == ".csv":
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    else:
+        frame = pd.read_json(path, lines=True, dtype=str)
+    missing = {"prompt", "answer", "distractor"} - set(frame.columns)
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+    return frame
+
+
+def file_prompts(path: Path, encoder: Encoder, rng, n: int) -> pd.DataFrame:
+    """User prompts. Answers are encoded as written (write ' Paris' when a space precedes the
+    word); a prompt without a corrupted twin gets another row's prompt of the same token length
+    and a different answer (resample corruption)."""
+    frame = read_prompt_file(path).head(n)
+    clean = [encoder.prompt(p) for p in frame["prompt"]]
+    answers = [encoder.first(a) for a in frame["answer"]]
+    distractors = [encoder.first(d) for d in frame["distractor"]]
+    given = frame["corrupted_prompt"] if "corrupted_prompt" in frame else [""] * len(frame)
+    corrupted = []
+    for i, text in enumerate(given):
+        if text:
+            ids = encoder.prompt(text)
+        else:
+            twins = [
+                j
+                for j in range(len(clean))
+                if len(clean[j]) == len(clean[i]) and answers[j] != answers[i]
+            ]
+            if not twins:
+                raise ConfigError(
+                    f"{path}: row {i + 1} has no corrupted_prompt and no other prompt of the same "
+                    "token length with a different answer to borrow"
+                )
+            ids = clean[int(rng.choice(twins))]
+        if len(ids) != len(clean[i]):
+            raise ConfigError(
+                f"{path}: row {i + 1}: corrupted_prompt has {len(ids) - 1} tokens, prompt has "
+                f"{len(clean[i]) - 1}; they must match for patching"
+            )
+        corrupted.append(ids)
+    for i, (a, d) in enumerate(zip(answers, distractors, strict=True)):
+        if a == d:
+            raise ConfigError(f"{path}: row {i + 1}: answer and distractor are the same token")
+    return _rows(clean, corrupted, answers, distractors, encoder)
+
+
+# --- the registry of sources ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptContext:
+    """What a source may draw on: the embedded model's language (None for real models), an
+    encoder with the model's tokenizer, the behaviour's config entry and the config's directory."""
+
+    language: SyntheticLanguage | None
+    encoder: Encoder
+    spec: dict
+    base_dir: Path
+
+
+@dataclass(frozen=True)
+class Source:
+    make: Callable[[PromptContext, np.random.Generator, int], pd.DataFrame]
+    models: str  # the model kinds it works with: embedded | real | any
+    needs_path: bool = False
+
+    def works_with(self, embedded: bool) -> bool:
+        return self.models == "any" or self.models == ("embedded" if embedded else "real")
+
+
+def _file(ctx: PromptContext, rng, n: int) -> pd.DataFrame:
+    path = Path(ctx.spec["path"])
+    return file_prompts(path if path.is_absolute() else ctx.base_dir / path, ctx.encoder, rng, n)
+
+
+SOURCES: dict[str, Source] = {
+    "induction": Source(
+        lambda c, rng, n: synthetic_prompts("induction", c.language, rng, n), "embedded"
+    ),
+    "facts": Source(lambda c, rng, n: synthetic_prompts("facts", c.language, rng, n), "embedded"),
+    "ioi": Source(lambda c, rng, n: ioi_prompts(c.encoder, rng, n), "real"),
+    "factual_recall": Source(lambda c, rng, n: factual_recall_prompts(c.encoder, rng, n), "real"),
+    "file": Source(_file, "any", needs_path=True),
+}
+
+
+def allowed_sources(embedded: bool) -> list[str]:
+    return [name for name, source in SOURCES.items() if source.works_with(embedded)]
+
+
+def make_prompts(
+    name: str, spec: dict, seed: int, model_info: dict, model_dir: Path, base_dir: Path = Path(".")
+) -> pd.DataFrame:
+    """Prompts of behaviour `name` (config `behaviours.<name>`) for the model in `model_dir`."""
+    embedded = model_info["kind"] == "embedded"
+    source = SOURCES.get(spec["source"])
+    if source is None or not source.works_with(embedded):
+        raise ConfigError(
+            f"behaviours.{name}.source: {spec['source']!r} does not work with this model"
+        )
+    if embedded:
+        language = SyntheticLanguage(LanguageConfig(**model_info["language"]))
+        encoder = Encoder(language.tokenizer)
+    else:
+        from circuitflow.model.load import load_tokenizer
+
+        language, encoder = None, Encoder(load_tokenizer(model_dir))
+    context = PromptContext(language, encoder, spec, Path(base_dir))
+    return source.make(context, behaviour_rng(seed, name), spec.get("n_prompts", 256))
+
+
+def run(config: dict, behaviour: str, model_dir: Path | str, out: Path | str) -> pd.DataFrame:
+    """The stage: write behaviour `behaviour`'s prompt set to `out` (parquet)."""
+    from circuitflow.model.load import read_model_json
+
+    if behaviour not in config["behaviours"]:
+        raise ConfigError(f"behaviours: no behaviour named {behaviour!r}")
+    frame = make_prompts(
+        behaviour,
+        config["behaviours"][behaviour],
+        config["seed"],
+        read_model_json(model_dir),
+        Path(model_dir),
+    )
+    write_parquet(out, frame)
+    return frame
+
+
+def by_length(token_lists) -> list[np.ndarray]:
+    """Row indices of prompts grouped by token length, in first-seen order: stages batch prompts
+    of one length together (no padding, so no attention-mask subtleties)."""
+    groups: dict[int, list[int]] = {}
+    for i, tokens in enumerate(token_lists):
+        groups.setdefault(len(tokens), []).append(i)
+    return [np.asarray(rows) for rows in groups.values()]
+
+
+def read_prompts(path: Path | str) -> pd.DataFrame:
+    """A prompts parquet, checked against the contract (columns, equal clean/corrupted lengths)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: prompts file does not exist; run the prompts stage")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise InputError(f"{path}: not a readable parquet file ({type(err).__name__})") from None
+    missing = [c for c in PROMPT_COLUMNS[:5] if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: not a prompts table (missing columns {', '.join(missing)})")
+    if frame.empty:
+        raise InputError(f"{path}: holds no prompts")
+    bad = [
+        i
+        for i, (c, k) in enumerate(
+            zip(frame["clean_tokens"], frame["corrupted_tokens"], strict=True)
+        )
+        if len(c) != len(k)
+    ]
+    if bad:
+        raise InputError(f"{path}: row {bad[0]}: clean and corrupted tokens differ in length")
+    return frame

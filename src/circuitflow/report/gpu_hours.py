@@ -1,0 +1,238 @@
+"""GPU-hours of a full run, from the rates the GPU suite measured (benchmarks/gpu_suite.py).
+
+For a resolved config whose model the suite covers (GPT-2 small, Qwen2.5-0.5B):
+
+- capture: one forward pass over every context (`capture.n_tokens` stored rows, BOS left out,
+  so n_tokens / (context_length - 1) contexts of context_length tokens) at the suite's capture
+  rate, every site and layer hooked at once;
+- train_sae: `sae.total_tokens` per site and layer at the suite's rate for that SAE (its
+  variant when one matches the config's architecture, width and k; otherwise the FLOP rate the
+  nearest variant reached, applied to this SAE's FLOPs per token);
+- attribution: per behaviour, `n_prompts` (or `max_prompts`) prompts; the suite times the fast
+  pass (atp: 4 forward-pass equivalents); the configured method, exact patching and edges are
+  counted in forward-pass equivalents (perf.attribution_passes) and charged at the same rate.
+
+When the suite ran on an A100 the hours are measured A100-hours. Otherwise they are projected to
+an A100: the stage is assumed to reach the same share of the A100's datasheet peak (bf16 312
+TFLOP/s for the model, TF32 156 for the fp32 SAE) as it reached of the measured device's peak
+(its roofline share). From a CPU result that is a projection, not a measurement: GPU kernels,
+memory bandwidth and launch overheads behave differently, so the figures are labelled as such.
+Baseline and interventions are not in the suite and not counted; per-job start-up (loading the
+model, the SAE's evaluation) is left out too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from circuitflow import perf
+from circuitflow.errors import InputError
+from circuitflow.model import architectures
+
+A100 = "A100"
+A100_PEAKS = perf.NOMINAL_PEAK_FLOPS[A100]
+TARGET_A100_HOURS = 10.0  # the project's aim for a full Qwen2.5-0.5B run
+
+
+def load_suite(path: Path | str) -> dict:
+    """A result file of benchmarks/gpu_suite.py."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: not a readable gpu_suite result ({err})") from None
+    if "results" not in data or "device" not in data:
+        raise InputError(f"{path}: not a gpu_suite result file (no 'results'/'device')")
+    return data
+
+
+def _records(suite: dict, model: str, stage: str) -> list[dict]:
+    return [r for r in suite["results"] if r["model"] == model and r["stage"] == stage]
+
+
+def _one(suite: dict, model: str, stage: str) -> dict:
+    found = _records(suite, model, stage)
+    if not found:
+        raise ValueError(f"the suite result has no {stage} figures for {model}")
+    return found[0]
+
+
+def is_a100(suite: dict) -> bool:
+    return suite["device"]["type"] == "cuda" and A100 in suite["device"]["name"].upper()
+
+
+def _a100_peak(dtype: str) -> float:
+    return A100_PEAKS.get(dtype, A100_PEAKS["bfloat16"])
+
+
+def _seconds(rec: dict, work_flops: float, peak_a100: float, suite: dict) -> tuple[float, str]:
+    """Seconds for `work_flops` of this record's kind of work on an A100, and how we know."""
+    if is_a100(suite):
+        return work_flops / rec["achieved_flops"], "measured (A100)"
+    device = "CPU" if suite["device"]["type"] == "cpu" else suite["device"]["name"]
+    share = rec["roofline_share"]
+    return (
+        work_flops / (share * peak_a100),
+        f"projected: {device} roofline share {share:.0%} x A100 peak",
+    )
+
+
+def _sae_record(suite: dict, model: str, sae: dict, d_in: int) -> tuple[dict, bool]:
+    d_sae = sae.get("d_sae") or sae["expansion_factor"] * d_in
+    records = _records(suite, model, "sae_train")
+    if not records:
+        raise ValueError(f"the suite result has no sae_train figures for {model}")
+    for rec in records:
+        if (rec["architecture"], rec["d_sae"], rec["k"]) == (sae["architecture"], d_sae, sae["k"]):
+            return rec, True
+    return max(records, key=lambda r: r["d_sae"]), False
+
+
+def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFrame:
+    """One row per stage (and a total): jobs, work, FLOPs, A100-hours and their source.
+
+    `--small` suite results describe 2-layer models; they are refused unless `allow_small`.
+    """
+    if suite["mode"] == "small" and not allow_small:
+        raise ValueError(
+            "a --small suite result measures 2-layer stand-ins, not the real architectures; "
+            "run benchmarks/gpu_suite.py without --small"
+        )
+    key = architectures.architecture_key(config["model"]["name"])
+    if key is None:
+        raise ValueError(
+            f"model.name {config['model']['name']!r}: the GPU suite covers only "
+            f"{', '.join(architectures.ARCHITECTURES)}"
+        )
+    arch = architectures.config(key)
+    n_hooks = len(config["layers"]) * len(config["sites"])
+    rows = []
+
+    cap = config["capture"]
+    ctx = int(cap.get("context_length") or min(arch.n_ctx, 128))
+    per_ctx = ctx - 1 if cap.get("exclude_bos", True) else ctx
+    tokens = math.ceil(cap["n_tokens"] / per_ctx) * ctx
+    rec = _one(suite, key, "capture")
+    flops = perf.forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
+    s, source = _seconds(rec, tokens * flops, _a100_peak("bfloat16"), suite)
+    if not is_a100(suite):
+        # Writing the activations cannot go faster than the disk the suite measured.
+        itemsize = 2 if cap.get("dtype", "float16") == "float16" else 4
+        stored = math.ceil(cap["n_tokens"] / per_ctx) * per_ctx * n_hooks * arch.d_model
+        write_s = stored * itemsize / suite["disk_write_bytes_per_s"]
+        if write_s > s:
+            s = write_s
+            source = f"disk bound: {stored * itemsize / 1e9:,.0f} GB at the suite's disk speed"
+    rows.append(_row("capture", 1, tokens, "tokens", tokens * flops, s, source))
+
+    sae = config["sae"]
+    d_sae = sae.get("d_sae") or sae["expansion_factor"] * arch.d_model
+    rec, exact = _sae_record(suite, key, sae, arch.d_model)
+    flops = perf.sae_training_flops_per_token(arch.d_model, d_sae)
+    work = n_hooks * sae["total_tokens"]
+    s, source = _seconds(rec, work * flops, _a100_peak("float32"), suite)
+    if not exact:
+        source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
+    rows.append(_row("train_sae", n_hooks, work, "tokens", work * flops, s, source))
+
+    from circuitflow.attribution.config import AttributionConfig
+
+    rec = _one(suite, key, "attribution")
+    acfg = AttributionConfig.from_dict(config.get("attribution"))
+    passes = perf.attribution_passes(arch, n_hooks, acfg)
+    prompts = sum(
+        min(b.get("n_prompts", 256), acfg.max_prompts or math.inf)
+        for b in config["behaviours"].values()
+    )
+    per_pass = perf.attribution_forward_flops_per_prompt(arch, rec["prompt_length"], n_hooks, d_sae)
+    work_flops = prompts * sum(passes.values()) * per_pass
+    share_model = perf.forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
+    model_part = share_model / per_pass
+    peak = 1 / (model_part / _a100_peak("bfloat16") + (1 - model_part) / _a100_peak("float32"))
+    s, source = _seconds(rec, work_flops, peak, suite)
+    detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
+    source += (
+        f"; {acfg.method}: {sum(passes.values()):.0f} forward-pass equivalents a prompt "
+        f"({detail}) at the measured atp rate, prompts of {rec['prompt_length']} tokens"
+    )
+    n_beh = len(config["behaviours"])
+    rows.append(_row("attribution", n_beh, prompts, "prompts", work_flops, s, source))
+
+    frame = pd.DataFrame(rows)
+    total = {
+        "stage": "total",
+        "jobs": int(frame["jobs"].sum()),
+        "work": None,
+        "unit": "",
+        "pflop": frame["pflop"].sum(),
+        "a100_hours": frame["a100_hours"].sum(),
+        "source": "baseline and interventions not included",
+    }
+    return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
+
+
+def _row(stage, jobs, work, unit, flops, seconds, source) -> dict[str, Any]:
+    return {
+        "stage": stage,
+        "jobs": int(jobs),
+        "work": int(work),
+        "unit": unit,
+        "pflop": flops / 1e15,
+        "a100_hours": seconds / 3600,
+        "source": source,
+    }
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """The estimate as the Markdown table the README shows."""
+    lines = ["| stage | jobs | work | A100-hours | how |", "| --- | ---: | ---: | ---: | --- |"]
+    for r in frame.itertuples():
+        work = f"{int(r.work):,} {r.unit}" if r.work is not None and r.work == r.work else ""
+        lines.append(f"| {r.stage} | {r.jobs} | {work} | {r.a100_hours:.2f} | {r.source} |")
+    return "\n".join(lines)
+
+
+def describe(suite: dict) -> str:
+    d = suite["device"]
+    kind = "measured on an A100" if is_a100(suite) else "projected to an A100 (not measured)"
+    return (
+        f"from the GPU suite run on {d['name']} ({d['type']}, {suite['mode']}, "
+        f"{suite['created']}): {kind}"
+    )
+
+
+def load_config(path: Path | str) -> dict:
+    from circuitflow import config as cf_config
+
+    return cf_config.load(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m circuitflow.report.gpu_hours",
+        description="A100-hours of a full run from a GPU suite result (benchmarks/gpu_suite.py).",
+    )
+    p.add_argument("suite", help="benchmarks/results/<device>.json")
+    p.add_argument("--config", default="config/qwen2.5-0.5b.yaml", help="the run's config file")
+    p.add_argument("--markdown", action="store_true", help="the README's table")
+    args = p.parse_args(argv)
+    suite = load_suite(args.suite)
+    frame = estimate(suite, load_config(args.config))
+    if args.markdown:
+        print(markdown(frame))
+        return
+    print(f"{args.config}: {describe(suite)}")
+    with pd.option_context("display.max_colwidth", 200, "display.width", 250):
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+if __name__ == "__main__":
+    from circuitflow.cli import main as cli_main
+
+    cli_main(main)

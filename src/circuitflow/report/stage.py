@@ -1,0 +1,106 @@
+"""The report rules (sae_summary, report_baseline, report_behaviour, report_provenance,
+report_gpu_hours, job_costs): each writes its HTML page for `snakemake --report`, with a CSV
+beside every table and the figures. The tables and figures themselves are in `tables.py`,
+`job_costs.py` and `gpu_hours.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from circuitflow.io import save_figure, write_text
+from circuitflow.report import job_costs as costs
+from circuitflow.report import tables as rt
+
+
+def write_csv(path: Path | str, frame: pd.DataFrame) -> None:
+    write_text(path, frame.to_csv(index=False))
+
+
+def sae_summary(sae_dirs, out_csv, out_html, out_figure, out_controller) -> pd.DataFrame:
+    metrics = rt.read_sae_metrics(sae_dirs)
+    table = rt.sae_table(metrics)
+    write_csv(out_csv, table)
+    intro = (
+        "One row per trained SAE (saes/{site}/layer_{layer}/metrics.json). l0: mean active "
+        "latents per token; explained_variance of the activations; ce_loss_recovered: (CE "
+        "zero-ablated - CE with the SAE) / (CE zero-ablated - clean CE); dead_fraction: latents "
+        "that never fired over the last dead_window_tokens."
+    )
+    page = rt.page("SAE metrics per layer", [("SAEs", rt.table_html(table))], intro)
+    write_text(out_html, page)
+    save_figure(out_figure, rt.plot_sae_metrics(table))
+    save_figure(out_controller, rt.plot_controller(metrics))
+    return table
+
+
+def baseline(baseline_jsons, out_csv, out_html) -> pd.DataFrame:
+    table = rt.baseline_table(baseline_jsons)
+    write_csv(out_csv, table)
+    intro = "Baseline of every behaviour on the unmodified model (baseline/{behaviour}.json)."
+    write_text(out_html, rt.page("Baseline metrics", [("Baseline", rt.table_html(table))], intro))
+    return table
+
+
+def behaviour(name: str, attribution_dir, interventions_dir, out_html, top: int = 15) -> None:
+    sections = rt.behaviour_sections(attribution_dir, interventions_dir, top)
+    write_text(out_html, rt.page(f"Results of behaviour {name}", sections))
+
+
+def provenance(provenance_dir, out_html) -> None:
+    sections = rt.provenance_sections(provenance_dir)
+    intro = "Everything needed to reproduce this run; the JSON files are in provenance/."
+    write_text(out_html, rt.page("Provenance", sections, intro))
+
+
+def gpu_hours(
+    suite_paths, run_config: dict, reference_config: Path | str, out_csv, out_html
+) -> None:
+    from circuitflow import config as cf_config
+    from circuitflow.report import gpu_hours as gh
+
+    reference = cf_config.load(reference_config)
+    name = f"the CSD3 reference run ({Path(reference_config).name})"
+    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name)
+    frames = []
+    for path in suite_paths:
+        try:
+            frame = gh.estimate(gh.load_suite(path), reference)
+        except ValueError:
+            continue
+        frames.append(frame.assign(suite=Path(path).name, config=Path(reference_config).name))
+    write_csv(out_csv, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    intro = (
+        "A100-hours of a full run, stage by stage, from the rates benchmarks/gpu_suite.py "
+        "measured (benchmarks/results/*.json). A result from a GPU other than an A100, or from "
+        "a CPU, is projected by its roofline share and says so; baseline and interventions are "
+        "not in the suite."
+    )
+    write_text(out_html, rt.page("GPU-hours of a full run", sections, intro))
+
+
+def job_costs(config: dict, outdir, environment, out_csv, out_html, out_figure) -> pd.DataFrame:
+    """Wall time, peak memory, CPU time and GPU-hours per rule and per job, from Snakemake's
+    benchmark files (benchmarks/**.tsv)."""
+    env = json.loads(Path(environment).read_text())
+    gpu_seen = bool(env.get("cuda_available")) and config.get("device") != "cpu"
+    frame = costs.job_costs(outdir, config, list(config["behaviours"]), gpu_seen)
+    write_csv(out_csv, frame)
+    gpus = env.get("gpus") or []
+    where = f"{len(gpus)} x {gpus[0]['name']}" if gpus else "no GPU (CPU only)"
+    intro = (
+        f"From Snakemake's benchmark files (benchmarks/**.tsv) on {env.get('hostname')}, "
+        f"{where}. wall_s: wall time; max_rss_mb: peak resident memory of the job's processes; "
+        "gpu_hours: wall time x GPUs of jobs that ran on a GPU; gpu_peak_memory_mb: peak GPU "
+        "memory the SAE trainer recorded. The report's own jobs are not included."
+    )
+    sections = [
+        ("Per rule", rt.table_html(costs.per_rule(frame))),
+        ("Per job (rule, behaviour, site and layer)", rt.table_html(frame)),
+    ]
+    write_text(out_html, rt.page("Cost of every job", sections, intro))
+    save_figure(out_figure, costs.plot(frame))
+    return frame

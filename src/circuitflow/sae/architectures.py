@@ -1,0 +1,95 @@
+"""The SAE architectures the train_sae stage can train: one registry entry each.
+
+An entry says how to build SAELens's training SAE from the `sae:` config, which sparsity
+coefficient (if any) the PI controller steers, and how much memory a training row needs.
+Adding an architecture is one entry here and one value in the schema's `sae.architecture` enum
+(tests/sae check that the two agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Architecture:
+    # (sae config, SAELens config fields every architecture shares) -> TrainingSAE
+    build: Callable[[Any, dict[str, Any]], Any]
+    # SAELens's name of the sparsity coefficient the controller steers; None where k fixes L0.
+    controlled_coefficient: str | None
+    # d_sae-wide fp32 tensors per training row alive at the step's peak (the backward pass),
+    # counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead latents
+    # included), backward and the trainer's firing statistics, on CPU by tests/memory.
+    wide_per_row: float
+
+
+def _topk(cfg, common):
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+
+    return TopKTrainingSAE(TopKTrainingSAEConfig(k=cfg.k, **common))
+
+
+def _batchtopk(cfg, common):
+    from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
+
+    return BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(k=cfg.k, **common))
+
+
+def _jumprelu(cfg, common):
+    from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
+
+    jr = cfg.jumprelu
+    return JumpReLUTrainingSAE(
+        JumpReLUTrainingSAEConfig(
+            l0_coefficient=cfg.l1_coefficient,
+            jumprelu_init_threshold=jr.init_threshold,
+            jumprelu_bandwidth=jr.bandwidth,
+            jumprelu_sparsity_loss_mode=jr.sparsity_loss_mode,
+            pre_act_loss_coefficient=jr.pre_act_loss_coefficient,
+            jumprelu_tanh_scale=jr.tanh_scale,
+            jumprelu_ste_to_input=jr.ste_to_input,
+            target_l0=cfg.target_l0 if jr.sparsity_loss_mode == "quadratic" else None,
+            **common,
+        )
+    )
+
+
+def _standard(cfg, common):
+    from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+
+    return StandardTrainingSAE(
+        StandardTrainingSAEConfig(l1_coefficient=cfg.l1_coefficient, **common)
+    )
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "topk": Architecture(_topk, None, 11.0),
+    "batchtopk": Architecture(_batchtopk, None, 12.0),
+    "jumprelu": Architecture(_jumprelu, "l0", 9.5),
+    "standard": Architecture(_standard, "l1", 8.5),
+}
+
+
+def get(name: str) -> Architecture:
+    from circuitflow.errors import ConfigError
+
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"sae.architecture: {name!r}; allowed values: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def build_training_sae(cfg, d_in: int, hook_name: str, device: str):
+    """SAELens's training SAE for `cfg` (the sae: section as SAETrainConfig)."""
+    from sae_lens.saes.sae import SAEMetadata
+
+    common: dict[str, Any] = {
+        "d_in": d_in,
+        "d_sae": cfg.d_sae or cfg.expansion_factor * d_in,
+        "device": device,
+        "normalize_activations": cfg.normalize_activations,
+        # Without hook_name, HookedSAETransformer.add_sae silently skips the SAE.
+        "metadata": SAEMetadata(hook_name=hook_name),
+    }
+    return get(cfg.architecture).build(cfg, common)

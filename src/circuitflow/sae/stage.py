@@ -1,0 +1,292 @@
+"""The train_sae stage: train one SAE on one layer's captured activations, resumably.
+
+Steps: `resume_state` (the newest checkpoint, if it was made for this config and input), `plan`
+(the batch size, from memory when `sae.batch_size: auto`), `train` (SAELens's trainer streaming
+batches from the HDF5 file, checkpointing every `checkpoint_every_tokens` and on SIGTERM),
+`summarise` (the saved SAE reloaded from disk and measured on the model) and `write` (the SAE in
+SAELens's format and metrics.json, replacing the output directory atomically). Checkpoints live
+outside the output directory, because Snakemake deletes a `directory()` output before a retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitflow import memory
+from circuitflow.capture.files import ActivationFileInfo, read_activation_info
+from circuitflow.devices import resolve_device
+from circuitflow.io import atomic_dir, write_json
+from circuitflow.resumable import Interrupted, sigterm_flag
+from circuitflow.sae import architectures
+from circuitflow.sae.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
+from circuitflow.sae.metrics import evaluate_sae
+from circuitflow.sae.sparsity import SparsityController, plot_history
+from circuitflow.sae.trainer import (
+    ControlledSAETrainer,
+    RunClock,
+    dead_window_steps,
+    fingerprint,
+    restore,
+    trainer_config,
+    trainer_state,
+    trainer_tensors,
+)
+
+log = logging.getLogger(__name__)
+
+
+def param_bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+# --- plan -----------------------------------------------------------------------------------------
+def memory_estimate(
+    cfg: SAETrainConfig, info: ActivationFileInfo, device: str, resident: int = 0
+) -> memory.Estimate:
+    """The memory planner's estimate of this training run per batch row; `resident` is what
+    already sits on the device for the run (the model, kept for the spliced evaluation)."""
+    return memory.estimate_sae_training(
+        info.d_in,
+        cfg.d_sae or cfg.expansion_factor * info.d_in,
+        cfg.architecture,
+        device,
+        n_file_rows=info.n_tokens,
+        shuffle_buffer_rows=cfg.shuffle_buffer_tokens,
+        chunk_rows=info.chunk_rows,
+        resident=resident,
+    )
+
+
+def plan_batch_size(
+    cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model: Any = None
+) -> memory.BatchPlan:
+    """`sae.batch_size: auto`: the largest power of two up to memory.SAE_AUTO_MAX_BATCH (and
+    total_tokens) whose estimated peak fits in 80% of the device's memory."""
+    resident = param_bytes(model) if model is not None else 0
+    plan = memory.plan_batch_size(
+        memory_estimate(cfg, info, device, resident),
+        min(memory.SAE_AUTO_MAX_BATCH, cfg.total_tokens),
+        available=memory.available_bytes(device) + resident,  # the model is loaded already
+    )
+    log.info("sae.batch_size auto: %s", plan.describe())
+    return plan
+
+
+def resume_state(ckpt_root: Path, fp: str) -> tuple[dict | None, dict[str, torch.Tensor]]:
+    """(state, tensors) of the newest checkpoint under `ckpt_root` made for fingerprint `fp`;
+    (None, {}) when there is none, or when it was made for another config or input (deleted)."""
+    ckpt = latest_checkpoint(ckpt_root)
+    if ckpt is None:
+        return None, {}
+    tensors, state = load_checkpoint(ckpt)  # CheckpointError if damaged
+    if state.get("fingerprint") != fp:
+        log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
+        shutil.rmtree(ckpt_root)
+        return None, {}
+    log.info("resumed from %s at %d tokens", ckpt, state["n_training_samples"])
+    return state, tensors
+
+
+def plan(
+    cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model: Any, state: dict | None
+) -> SAETrainConfig:
+    """`cfg` with the batch size settled: a resumed run keeps the size it started with, whatever
+    this device fits; `auto` is planned from memory."""
+    if cfg.batch_size != "auto":
+        return cfg
+    batch = (state or {}).get("batch_size") or plan_batch_size(cfg, info, device, model).batch_size
+    return dataclasses.replace(cfg, batch_size=int(batch))
+
+
+# --- train ----------------------------------------------------------------------------------------
+@dataclass
+class Trained:
+    trainer: ControlledSAETrainer
+    controller: SparsityController | None
+    tokens_at_start: int  # tokens trained before this session (a resumed run)
+    session_s: float  # wall time of this session's training loop
+    clock: RunClock  # wall time over every session
+
+
+def train(
+    cfg: SAETrainConfig,
+    info: ActivationFileInfo,
+    device: str,
+    ckpt_root: Path,
+    fp: str,
+    state: dict | None,
+    tensors: dict[str, torch.Tensor],
+) -> Trained:
+    """Train to `cfg.total_tokens`, from the checkpoint `state` when given. Checkpoints every
+    `checkpoint_every_tokens`; on SIGTERM checkpoints at the next step and raises Interrupted."""
+    torch.manual_seed(cfg.seed)
+    sae = architectures.build_training_sae(cfg, info.d_in, info.hook_name, device)
+    if cfg.compile:
+        # Compiles the per-step forward/loss; parameter names (and so checkpoints) are unchanged.
+        sae.training_forward_pass = torch.compile(sae.training_forward_pass)  # type: ignore[method-assign]
+    trainer_cfg = trainer_config(cfg, info, device)
+    coefficient = architectures.get(cfg.architecture).controlled_coefficient
+    controller = (
+        SparsityController(cfg.target_l0, cfg.l1_coefficient, cfg.controller)
+        if coefficient
+        else None
+    )
+    clock = RunClock()
+    stream = ActivationStream(
+        info,
+        ActivationStreamConfig(
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            shuffle_buffer_tokens=cfg.shuffle_buffer_tokens,
+            device=device,
+        ),
+        position=state["data_position"] if state else 0,
+    )
+    last_ckpt = state["n_training_samples"] if state else 0
+
+    with sigterm_flag() as stop:
+
+        def after_step(tr: ControlledSAETrainer) -> None:
+            nonlocal last_ckpt
+            done = tr.n_training_samples >= trainer_cfg.total_training_samples
+            due = tr.n_training_samples - last_ckpt >= cfg.checkpoint_every_tokens
+            if stop.requested or (due and not done):
+                save_checkpoint(
+                    ckpt_root,
+                    tr.n_training_steps + 1,
+                    trainer_tensors(tr),
+                    trainer_state(tr, stream, clock, fp),
+                )
+                last_ckpt = tr.n_training_samples
+                if stop.requested:
+                    raise Interrupted(
+                        f"SIGTERM: checkpointed at {tr.n_training_samples} tokens in {ckpt_root}"
+                    )
+
+        trainer = ControlledSAETrainer(
+            cfg=trainer_cfg,
+            sae=sae,
+            data_provider=stream,
+            controller=controller,
+            after_step=after_step,
+        )
+        if state is not None:
+            restore(trainer, tensors, state)
+            clock.elapsed_before = state["wall_time_s"]
+        tokens_at_start = trainer.n_training_samples
+        if torch.device(device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            trainer.fit()
+        finally:
+            stream.close()
+    return Trained(trainer, controller, tokens_at_start, time.perf_counter() - t0, clock)
+
+
+# --- summarise and write --------------------------------------------------------------------------
+def summarise(
+    run: Trained, saved_sae, cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model
+) -> dict[str, Any]:
+    """metrics.json: the saved SAE measured on the model, and how training went."""
+    tr = run.trainer
+    since_fired = tr.n_forward_passes_since_fired
+    window = min(dead_window_steps(cfg), tr.n_training_steps)
+    contexts = load_eval_contexts(info, cfg.eval_contexts)
+    quality = evaluate_sae(
+        model, saved_sae, contexts, exclude_bos=info.bos_excluded, bos_token_id=info.bos_token_id
+    )
+    history = run.controller.state.history if run.controller else []
+    resident = param_bytes(model)
+    return {
+        **quality,
+        "dead_fraction": (since_fired >= window).float().mean().item(),
+        "tokens_trained": tr.n_training_samples,
+        "wall_time_s": run.clock.elapsed(),
+        "tokens_per_s": (tr.n_training_samples - run.tokens_at_start) / run.session_s,
+        "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
+        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch).
+        "planned_memory_mb": memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
+        / memory.MiB,
+        "architecture": cfg.architecture,
+        "d_in": info.d_in,
+        "d_sae": saved_sae.cfg.d_sae,
+        "hook_name": info.hook_name,
+        "layer": info.layer,
+        "site": info.site,
+        "device": device,
+        "resumed": run.tokens_at_start > 0,
+        "sparsity_coefficient": architectures.get(cfg.architecture).controlled_coefficient,
+        "controller_history": [
+            {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
+        ],
+        "config": cfg.to_dict(),
+    }
+
+
+def train_sae(
+    activations: str | Path,
+    out_dir: str | Path,
+    cfg: SAETrainConfig,
+    model,
+    checkpoint_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Train, save and evaluate one SAE; return the metrics written to ``metrics.json``.
+
+    Resumes from the newest checkpoint in ``checkpoint_dir`` (default: ``{out_dir}.ckpt``).
+    On SIGTERM, checkpoints at the next step and raises resumable.Interrupted.
+    """
+    from sae_lens import SAE
+
+    out_dir = Path(out_dir)
+    ckpt_root = Path(checkpoint_dir or out_dir.with_name(out_dir.name + ".ckpt"))
+    info = read_activation_info(activations)
+    device = resolve_device(cfg.device)
+    fp = fingerprint(cfg, info)
+    state, tensors = resume_state(ckpt_root, fp)
+    cfg = plan(cfg, info, device, model, state)
+    run = train(cfg, info, device, ckpt_root, fp, state, tensors)
+    # Save, reload from disk and evaluate the artifact exactly as downstream stages will see it.
+    with atomic_dir(out_dir) as tmp:
+        run.trainer.sae.save_inference_model(tmp)
+        saved = SAE.load_from_disk(tmp, device=device)
+        metrics = summarise(run, saved, cfg, info, device, model)
+        write_json(tmp / "metrics.json", metrics)
+        if metrics["controller_history"]:
+            history = run.controller.state.history
+            plot_history(
+                history,
+                cfg.target_l0,
+                metrics["sparsity_coefficient"],
+                tmp / "sparsity_control.png",
+            )
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    return metrics
+
+
+def run(
+    config: dict,
+    activations: Path | str,
+    model_json: Path | str,
+    out_dir: Path | str,
+    checkpoint_dir: Path | str | None = None,
+) -> dict[str, Any]:
+    """The stage: `config` holds the sae section and the master seed and device."""
+    from circuitflow.model.load import load_model
+
+    cfg = SAETrainConfig.from_config(config)
+    read_activation_info(activations)  # refuse an unusable file before paying for the model
+    model = load_model(
+        Path(model_json).parent, resolve_device(cfg.device), config["model"]["dtype"]
+    )
+    return train_sae(activations, out_dir, cfg, model, checkpoint_dir)

@@ -1,0 +1,147 @@
+"""Measure each stage's real peak memory on CPU next to the memory planner's estimate.
+
+Run as a script (in a fresh process, so nothing else the test session allocated is counted):
+prints one JSON object per line: stage, case, measured and planned bytes. The measurement is
+memory.PeakMeter (the resident-set high-water mark, reset on entry) with glibc told to map every
+block of 64 KiB or more on its own (memory.track_live_bytes_on_cpu), so the resident set
+follows live tensors as CUDA's allocator statistics do. Weights created before a measured block
+are added to what the block used, as the estimates count them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from circuitflow import memory  # noqa: E402
+from circuitflow.model import architectures  # noqa: E402
+
+
+def emit(stage: str, case: str, measured: int, planned: int) -> None:
+    record = {"stage": stage, "case": case, "measured": measured, "planned": planned}
+    print(json.dumps(record | {"t": time.perf_counter()}))
+    sys.stdout.flush()
+
+
+def small_model(arch: str):
+    from transformer_lens import HookedTransformer
+
+    cfg = architectures.config(arch, n_layers=2, d_vocab=1000, device="cpu", seed=0)
+    model = HookedTransformer(cfg).eval()
+    return model, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def capture(arch: str, tmp: Path) -> None:
+    from circuitflow.capture.stage import CaptureOptions
+    from circuitflow.capture.stage import capture as run_capture
+
+    model, weights = small_model(arch)
+    tokens = np.random.default_rng(0).integers(1, 1000, (32, 128)).astype(np.int32)
+    tokens[:, 0] = 0
+    targets = {("resid_post", layer): tmp / f"{arch}_{layer}.h5" for layer in range(2)}
+    meta = {"model_hash": "m", "token_set_hash": "t", "bos_token_id": 0}
+    with memory.PeakMeter("cpu") as meter:
+        result = run_capture(
+            model, tokens, meta, targets, CaptureOptions(batch_size=16), progress=False
+        )
+    emit("capture", arch, meter.delta + weights, int(result.planned_peak_mb * memory.MiB))
+
+
+def sae(architecture: str, tmp: Path) -> None:
+    from circuitflow.capture.files import read_activation_info, write_activation_file
+    from circuitflow.sae.architectures import build_training_sae
+    from circuitflow.sae.config import SAETrainConfig
+    from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
+    from circuitflow.sae.stage import memory_estimate
+    from circuitflow.sae.trainer import ControlledSAETrainer, trainer_config
+
+    d_in, rows, batch = 128, 8192, 2048
+    path = tmp / "acts.h5"
+    if not path.exists():
+        acts = np.random.default_rng(0).standard_normal((rows, d_in)).astype(np.float16)
+        attrs = {"hook_name": "blocks.0.hook_resid_post", "layer": 0, "site": "resid_post",
+                 "model_hash": "m", "token_set_hash": "t", "context_length": 129,
+                 "bos_excluded": True, "bos_token_id": 0}  # fmt: skip
+        write_activation_file(path, acts, np.zeros(rows, np.int32), attrs, chunk_rows=512)
+    info = read_activation_info(path)
+    # A one-step dead window and k=1 (fewer firings than latents): latents are dead from the
+    # first step on, so TopK's auxiliary loss runs, as it does in real training.
+    cfg = SAETrainConfig(
+        architecture=architecture, d_sae=4096, k=1, batch_size=batch, total_tokens=3 * batch,
+        dead_window_tokens=batch, shuffle_buffer_tokens=4096, device="cpu",
+    )  # fmt: skip
+    tcfg = trainer_config(cfg, info, "cpu")
+    stream_cfg = ActivationStreamConfig(batch_size=batch, shuffle_buffer_tokens=4096)
+    with memory.PeakMeter("cpu") as meter:
+        with ActivationStream(info, stream_cfg) as stream:
+            model = build_training_sae(cfg, d_in, info.hook_name, "cpu")
+            ControlledSAETrainer(cfg=tcfg, sae=model, data_provider=stream).fit()
+            del model
+    emit("sae_train", architecture, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
+
+
+def attribution(arch: str, method: str, n_prompts: int) -> None:
+    from sae_lens import TopKSAE, TopKSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    from circuitflow.attribution import scores as attr
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.nodes import hook_name
+
+    model, weights = small_model(arch)
+    d, d_sae, t = model.cfg.d_model, 4096, 16
+    saes = {}
+    for layer in range(2):
+        hook = hook_name("resid_post", layer)
+        cfg = TopKSAEConfig(d_in=d, d_sae=d_sae, k=32, metadata=SAEMetadata(hook_name=hook))
+        saes[hook] = TopKSAE(cfg).eval().requires_grad_(False)
+    resident = weights + 2 * memory.sae_param_bytes(d, d_sae)
+    rng = np.random.default_rng(0)
+    clean = rng.integers(1, 1000, (n_prompts, t))
+    corrupted = clean.copy()
+    corrupted[:, 1:8] = rng.integers(1, 1000, (n_prompts, 7))
+    prompts = pd.DataFrame(
+        {"clean_tokens": list(clean), "corrupted_tokens": list(corrupted),
+         "answer_id": rng.integers(1, 1000, n_prompts),
+         "distractor_id": rng.integers(1, 1000, n_prompts)}
+    )  # fmt: skip
+    acfg = AttributionConfig(
+        method=method, ig_steps=1, exact_heads=False, exact_features=0, batch_size=n_prompts
+    )
+    with memory.PeakMeter("cpu") as meter:
+        attr.attribute(model, prompts, saes, acfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    est = memory.estimate_attribution(
+        model.cfg, n_params, t, 2, d_sae, torch.float32, "cpu", method
+    )
+    emit("attribution", f"{arch} {method}", meter.delta + resident, est.total(n_prompts))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if not memory.track_live_bytes_on_cpu():
+        print(json.dumps({"skip": "glibc mallopt unavailable"}))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in architectures.ARCHITECTURES:
+            capture(arch, Path(tmp))
+        for architecture in ("topk", "standard"):
+            sae(architecture, Path(tmp))
+    for arch in architectures.ARCHITECTURES:
+        attribution(arch, "atp", 16)
+    attribution("gpt2-small", "ig", 2)
+
+
+if __name__ == "__main__":
+    main()

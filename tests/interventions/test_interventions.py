@@ -1,0 +1,347 @@
+"""Interventions: fast unit tests on a tiny random model with random SAEs. Each ablation kind is
+checked against a hand-written hook, the circuit curves against their end points, and the stage's
+tables against their schemas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers.dag import REPO
+from helpers.schemas import check_outputs
+from helpers.spliced import D_MODEL, N_HEADS, N_LAYERS, SEQ, VOCAB, tiny_spliced
+
+from circuitflow.attribution import scores as attr
+from circuitflow.attribution import splice
+from circuitflow.attribution.config import AttributionConfig
+from circuitflow.interventions import circuits, stats
+from circuitflow.interventions import stage as iv_stage
+from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.nodes import Node, component_nodes, hook_name
+
+N_PROMPTS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return tiny_spliced(N_PROMPTS, frozen=True)
+
+
+def tokens(prompts, col="clean_tokens"):
+    return torch.tensor(np.stack(prompts[col].to_list()))
+
+
+def logit_diff_with(model, prompts, hooks) -> np.ndarray:
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens(prompts))
+    ans = torch.tensor(prompts["answer_id"].to_numpy())
+    dis = torch.tensor(prompts["distractor_id"].to_numpy())
+    return splice.logit_diff(logits, ans, dis).numpy()
+
+
+def cached(model, prompts, hook, col="clean_tokens"):
+    _, cache = model.run_with_cache(tokens(prompts, col), names_filter=hook)
+    return cache[hook]
+
+
+def test_node_ids_match_the_attribution_graph():
+    rows = [
+        {"kind": "embedding", "layer": -1, "index": -1, "site": None},
+        {"kind": "head", "layer": 1, "index": 3, "site": None},
+        {"kind": "mlp", "layer": 0, "index": -1, "site": None},
+        {"kind": "feature", "layer": 2, "index": 17, "site": "resid_post"},
+        {"kind": "error", "layer": 1, "index": -1, "site": "resid_post"},
+    ]
+    nodes = [
+        Node("embedding"),
+        Node("head", 1, 3),
+        Node("mlp", 0),
+        Node("feature", 2, 17, "resid_post"),
+        Node("error", 1, -1, "resid_post"),
+    ]
+    for row, node in zip(rows, nodes, strict=True):
+        assert Node.of(row["kind"], row["layer"], row["index"], row["site"]) == node
+        assert Node.parse(node.id) == node
+    assert len(component_nodes(2, 4)) == 1 + 2 * (4 + 1)
+
+
+def test_no_ablation_is_the_clean_model(tiny):
+    model, _, prompts = tiny
+    out = Intervener(model, prompts, "mean", batch_size=5).run(())
+    np.testing.assert_allclose(out.logit_diff, logit_diff_with(model, prompts, []), atol=1e-5)
+    assert out.correct.dtype == bool and len(out.mean_logits) == VOCAB
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean", "resample"])
+def test_head_ablation_kinds_match_a_hand_written_hook(tiny, kind):
+    """The ablated head's hook_z becomes 0, its position-wise mean over the clean prompts, or its
+    value on a permuted corrupted prompt; other heads are untouched."""
+    model, _, prompts = tiny
+    hook, head = "blocks.1.attn.hook_z", 1
+    if kind == "zero":
+        value = torch.zeros_like(cached(model, prompts, hook))
+    elif kind == "mean":
+        value = cached(model, prompts, hook).mean(0, keepdim=True).expand(N_PROMPTS, -1, -1, -1)
+    else:
+        perm = np.random.default_rng([7, N_PROMPTS, SEQ]).permutation(N_PROMPTS)
+        value = cached(model, prompts, hook, "corrupted_tokens")[torch.as_tensor(perm)]
+
+    def manual(act, hook):
+        act = act.clone()
+        act[:, :, head] = value[:, :, head]
+        return act
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, kind, batch_size=5).run([Node("head", 1, head)], seed=7)
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+    assert not np.allclose(expected, logit_diff_with(model, prompts, []))
+
+
+def test_mean_reference_corrupted_and_whole_components(tiny):
+    model, _, prompts = tiny
+    hook = "blocks.0.hook_mlp_out"
+    value = cached(model, prompts, hook, "corrupted_tokens").mean(0, keepdim=True)
+
+    def manual(act, hook):
+        return value.expand_as(act).clone()
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, "mean", "corrupted").run([Node("mlp", 0)])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+
+
+def test_feature_ablation_equals_a_spliced_sae_with_the_feature_replaced(tiny):
+    """x + (0 - a_f) W_dec[f] is the SAE splice (error term kept) with feature f zeroed."""
+    model, saes, prompts = tiny
+    hook = hook_name("resid_post", 0)
+    sae = saes[hook]
+    acts = sae.encode(cached(model, prompts, hook))
+    f = int(acts.flatten(0, 1).gt(0).sum(0).argmax())  # a feature that fires
+    groups = splice.build_groups(N_LAYERS, [("resid_post", 0)])
+
+    def zero_f(feats):
+        feats = feats.clone()
+        feats[..., f] = 0
+        return feats
+
+    with torch.no_grad():
+        run = splice.forward(
+            model, tokens(prompts), groups, {hook: sae}, {hook + ".sae:feats": zero_f}
+        )
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    expected = splice.logit_diff(run.logits, ans, dis).numpy()
+    node = Node("feature", 0, f, "resid_post")
+    out = Intervener(model, prompts, "zero", saes=saes).run([node])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_feature_set_and_error_ablation_equal_one_spliced_forward(tiny, kind):
+    """Several features and the error term of one SAE ablated together are the SAE splice with
+    those features and the error replaced (one encode, not one per feature); every feature and
+    the error ablated together replace the activation by its reference."""
+    model, saes, prompts = tiny
+    hook = hook_name("resid_post", 1)
+    sae = saes[hook]
+    x = cached(model, prompts, hook)
+    acts = sae.encode(x)
+    fired = acts.flatten(0, 1).gt(0).sum(0)
+    feats = [int(f) for f in fired.argsort(descending=True)[:3]]
+    error = x - sae.decode(acts)
+    ref_feats = 0 if kind == "zero" else acts.mean(0, keepdim=True)
+    ref_error = 0 if kind == "zero" else error.mean(0, keepdim=True)
+
+    def set_feats(f):
+        f = f.clone()
+        f[..., feats] = (ref_feats + 0 * f)[..., feats]
+        return f
+
+    def set_error(e):
+        return (ref_error + 0 * e).to(e.dtype)
+
+    groups = splice.build_groups(N_LAYERS, [("resid_post", 1)])
+    patches = {hook + ".sae:feats": set_feats, hook + ".sae:error": set_error}
+    with torch.no_grad():
+        run = splice.forward(model, tokens(prompts), groups, {hook: sae}, patches)
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    expected = splice.logit_diff(run.logits, ans, dis).numpy()
+    nodes = [Node("feature", 1, f, "resid_post") for f in feats] + [
+        Node("error", 1, -1, "resid_post")
+    ]
+    iv_ = Intervener(model, prompts, kind, saes=saes)
+    np.testing.assert_allclose(iv_.run(nodes).logit_diff, expected, atol=1e-4)
+    assert not np.allclose(expected, logit_diff_with(model, prompts, []), atol=1e-3)
+
+    everything = [Node("feature", 1, f, "resid_post") for f in range(sae.cfg.d_sae)]
+    everything.append(Node("error", 1, -1, "resid_post"))
+    value = torch.zeros_like(x) if kind == "zero" else x.mean(0, keepdim=True).expand_as(x)
+    whole = logit_diff_with(model, prompts, [(hook, lambda act, hook: value.clone())])
+    np.testing.assert_allclose(iv_.run(everything).logit_diff, whole, atol=1e-4)
+
+
+def test_ranked_nodes_mix_components_features_and_errors():
+    components = pd.DataFrame(
+        {"kind": ["embedding", "head", "mlp"], "layer": [-1, 0, 0], "index": [-1, 1, -1],
+         "score": [0.5, -3.0, 0.0]}
+    )  # fmt: skip
+    features = pd.DataFrame(
+        {"site": ["resid_post"] * 3, "layer": [0, 0, 0], "feature": [4, 7, -1],
+         "kind": ["feature", "feature", "error"], "score": [2.0, 9.0, 0.25]}
+    )  # fmt: skip
+    # Feature 7 is scored but does not fire on the prompts; feature 5 fires but is unscored.
+    active = {("resid_post", 0): np.array([4, 5])}
+    ranked = circuits.ranked_nodes(components, features, active)
+    assert [n.id for n in ranked] == [
+        "head.0.1", "feature.resid_post.0.4", "embedding", "error.resid_post.0", "mlp.0",
+        "feature.resid_post.0.5",
+    ]  # fmt: skip
+    assert circuits.ranked_nodes(components) == ranked[:1] + ranked[2:3] + ranked[4:5]
+    graph = {"nodes": [{"id": "head.0.1"}, {"id": "feature.resid_post.0.5"}, {"id": "logit"}]}
+    assert [n.id for n in circuits.graph_nodes(graph, ranked)] == [
+        "head.0.1",
+        "feature.resid_post.0.5",
+    ]
+
+
+def test_steering_adds_the_vector_after_bos(tiny):
+    model, _, prompts = tiny
+    hook = "blocks.0.hook_resid_post"
+    vec = torch.randn(D_MODEL, generator=torch.Generator().manual_seed(1))
+
+    def manual(act, hook):
+        act = act.clone()
+        act[:, 1:] += 3.0 * vec
+        return act
+
+    expected = logit_diff_with(model, prompts, [(hook, manual)])
+    out = Intervener(model, prompts, "mean").run((), steer=[(hook, 3.0 * vec)])
+    np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
+
+
+def test_circuit_curve_end_points_and_seeds(tiny):
+    """Empty circuit: faithfulness 0, completeness 0; the whole model: both 1. Reruns give the
+    same numbers; resample ablation differs between seeds."""
+    model, _, prompts = tiny
+    cfg = InterventionsConfig(n_random_circuits=3, n_seeds=2)
+    ranked = component_nodes(N_LAYERS, N_HEADS)
+    sizes = circuits.circuit_sizes(len(ranked), cfg, [])
+    assert sizes == list(range(len(ranked) + 1))
+
+    def curves():
+        runs = stats.Runs(Intervener(model, prompts, "mean"), stats.seeds_for(cfg, 0))
+        return circuits.circuit_curves(runs, ranked, sizes, cfg, 0)
+
+    c = curves()
+    top = c[c["circuit"] == "top"].set_index("n")
+    assert top.loc[0, "faithfulness"] == pytest.approx(0, abs=1e-9)
+    assert top.loc[0, "completeness"] == pytest.approx(0, abs=1e-9)
+    assert top.loc[len(ranked), "faithfulness"] == pytest.approx(1)
+    assert top.loc[len(ranked), "completeness"] == pytest.approx(1)
+    rand = c[c["circuit"] == "random"]
+    assert (rand.groupby("n").size() == 3).all()
+    assert (rand["nodes"].map(len) == rand["n"]).all()
+    pd.testing.assert_frame_equal(c, curves())
+
+    resample = stats.Runs(Intervener(model, prompts, "resample"), [0, 1])
+    a, b = resample.get([Node("mlp", 0)], 0), resample.get([Node("mlp", 0)], 1)
+    assert not np.allclose(a.logit_diff, b.logit_diff)
+    eff = resample.effect([Node("mlp", 0)], 0.95)
+    assert eff["score_ci_low"] <= eff["score_ci_high"] and eff["score_std"] > 0
+
+
+def test_statistics():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    low, high, p = stats.t_interval(x, 0.95)
+    assert low < 2.5 < high and 0 < p < 0.05
+    assert stats.t_interval(np.zeros(5), 0.95) == (0.0, 0.0, 1.0)
+    np.testing.assert_array_equal(stats.bootstrap_rows(10, 3), stats.bootstrap_rows(10, 3))
+    assert not np.array_equal(stats.bootstrap_rows(50, 3), stats.bootstrap_rows(50, 4))
+
+
+def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
+    model, saes, prompts = tiny
+    acfg = AttributionConfig(method="atp", exact_features=0)
+    scores = attr.attribute(model, prompts, saes, acfg)
+    frame = attr.with_score(scores.frame, "atp")
+    adir = tmp_path / "attribution" / "b"
+    adir.mkdir(parents=True)
+    attr.heads_table(frame).to_parquet(adir / "heads.parquet")
+    attr.components_table(frame).to_parquet(adir / "components.parquet")
+    attr.features_table(frame).to_parquet(adir / "features.parquet")
+    graph = {"nodes": [{"id": "head.0.1", "kind": "head"}, {"id": "mlp.1", "kind": "mlp"},
+                       {"id": "logit", "kind": "logit"}]}  # fmt: skip
+    (adir / "graph.json").write_text(json.dumps(graph))
+    cfg = InterventionsConfig(
+        n_seeds=2, n_random_circuits=3, top_k_heads=3, n_random_sets=2, n_features=2,
+        n_random_features=2, steering_alphas=(-2.0, 0.0, 2.0),
+    )  # fmt: skip
+    out = tmp_path / "interventions" / "b"
+    summary = iv_stage.intervene(model, prompts, adir, saes, None, cfg, "b", out, base_seed=0)
+    # Candidates: every component, the features that fire, both error terms.
+    kinds = summary["n_nodes_by_kind"]
+    assert kinds["head"] == N_LAYERS * N_HEADS and kinds["mlp"] == N_LAYERS
+    assert kinds["error"] == N_LAYERS and 0 < kinds["feature"] <= N_LAYERS * 32
+    assert summary["n_nodes"] == sum(kinds.values())
+    # No size configured: the smallest faithful one, found exactly by bisection.
+    n = summary["smallest_faithful_size"]
+    assert summary["circuit_size"] == n and summary["circuit_size_source"] == "smallest faithful"
+    assert len(summary["circuit"]) == n == sum(summary["smallest_faithful_by_kind"].values())
+    curve = {int(k): v for k, v in summary["faithfulness_curve"].items()}
+    assert curve[n] >= cfg.faithfulness_threshold
+    assert n == 0 or curve[n - 1] < cfg.faithfulness_threshold, curve
+    assert summary["graph_circuit"]["nodes"] == ["head.0.1", "mlp.1"]
+    on_disk = check_outputs(out, N_LAYERS, N_HEADS)
+    assert on_disk["faithfulness"] == pytest.approx(summary["faithfulness"])
+    circuits = pd.read_parquet(out / "circuits.parquet")
+    assert (circuits[circuits["circuit"] == "random"]["n"] == n).sum() == cfg.n_random_circuits
+    assert (circuits["circuit"] == "graph").sum() == 1
+
+    # Components only, a configured size.
+    only = InterventionsConfig(**(asdict(cfg) | {"circuit_nodes": "components",
+                                                    "circuit_size": 2}))  # fmt: skip
+    small = iv_stage.intervene(model, prompts, adir, saes, None, only, "b", tmp_path / "c", 0)
+    assert small["n_nodes"] == 1 + N_LAYERS * (N_HEADS + 1)
+    assert small["circuit_size"] == 2 and small["circuit_size_source"] == "config"
+    sets = pd.read_parquet(out / "head_sets.parquet")
+    assert (sets[sets["set"] == "top_k"]["size"].value_counts().sort_index() == [3, 1]).all()
+
+    # The same stage again: the seeds give the same numbers.
+    again = tmp_path / "again"
+    iv_stage.intervene(model, prompts, adir, saes, None, cfg, "b", again, base_seed=0)
+    for name in ("heads", "circuits", "head_sets", "features", "steering"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / f"{name}.parquet"), pd.read_parquet(again / f"{name}.parquet")
+        )
+
+    # The cross-behaviour table, through the script's command line.
+    table, fig = tmp_path / "across.parquet", tmp_path / "across.png"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "interventions.py"), "across",
+         "--behaviours", "b", "c", "--heads", str(out / "heads.parquet"),
+         str(again / "heads.parquet"), "--out", str(table), "--out-figure", str(fig)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    across = pd.read_parquet(table)
+    assert {"behaviour", "layer", "head", "score", "drop_frac", "specificity"} <= set(across)
+    assert len(across) == 2 * N_LAYERS * N_HEADS
+    assert across["specificity"].abs().max() < 1e-9  # the same table twice
+    assert fig.stat().st_size > 1000
+
+
+def test_script_help_and_bad_config():
+    script = str(REPO / "scripts" / "interventions.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "behaviour" in done.stdout
+    with pytest.raises(ValueError, match="unknown keys"):
+        InterventionsConfig.from_dict({"ablate": "zero"})
+    with pytest.raises(ValueError, match="allowed values"):
+        Intervener(None, pd.DataFrame(), "median")

@@ -1,0 +1,107 @@
+"""The GPU benchmark suite run on CPU at small sizes (no GPU needed), the GPU-hours estimate from
+suite results, and the tables of docs/csd3.md checked against the code that computes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers.dag import REPO
+
+from circuitflow import memory
+from circuitflow.report import gpu_hours
+
+SUITE = REPO / "benchmarks" / "gpu_suite.py"
+STORED = REPO / "benchmarks" / "results" / "cpu.json"
+README = REPO / "docs" / "csd3.md"
+QWEN = REPO / "config" / "qwen2.5-0.5b.yaml"
+MODELS = ("gpt2-small", "qwen2.5-0.5b")
+STAGES = {
+    ("forward", "no hooks"),
+    ("capture", "2 hooks"),
+    ("sae_train", "topk-32x-k32"),
+    ("sae_train", "default"),
+    ("attribution", "atp, 2 SAEs"),
+}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite") / "cpu.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(SUITE), "--small", "--device", "cpu", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_small_suite_covers_every_stage_and_model(small):
+    result, stdout = small
+    assert result["mode"] == "small" and result["device"]["type"] == "cpu"
+    assert result["peak_flops"]["measured"]["float32"] > 0
+    assert result["disk_write_bytes_per_s"] > 0
+    seen = {(r["model"], r["stage"], r["variant"]) for r in result["results"]}
+    assert seen == {(m, s, v) for m in MODELS for s, v in STAGES}
+    for r in result["results"]:
+        rate = r["prompts_per_s"] if r["stage"] == "attribution" else r["tokens_per_s"]
+        assert rate > 0, r
+        assert r["flops_per_token"] > 0 and r["device_peak_flops"] > 0
+        assert r["achieved_flops"] == pytest.approx(r["flops_per_token"] * r["tokens_per_s"])
+        assert 0 < r["roofline_share"] <= 1, r
+        assert r["peak_source"] == "measured"  # a CPU has no datasheet entry
+        if r["stage"] != "forward":
+            assert r["peak_memory_bytes"] > 0 and r["planned_memory_bytes"] > 0
+            assert r["plan_ratio"] == pytest.approx(
+                r["planned_memory_bytes"] / r["peak_memory_bytes"]
+            )
+        if r["stage"] in ("capture", "attribution"):
+            assert r["ratio_to_forward"] > 0
+    # After the final peak measurement, one printed line per record with its roofline share.
+    final = stdout.split("final figures")[1]
+    assert len(re.findall(r"roofline \d+\.\d%", final)) == len(result["results"])
+
+
+def test_gpu_hours_from_a_suite_result(small):
+    result, _ = small
+    with pytest.raises(ValueError, match="--small"):
+        gpu_hours.estimate(result, gpu_hours.load_config(QWEN))
+    frame = gpu_hours.estimate(result, gpu_hours.load_config(QWEN), allow_small=True)
+    assert list(frame["stage"]) == ["capture", "train_sae", "attribution", "total"]
+    assert (frame["a100_hours"] > 0).all()
+    assert frame["a100_hours"].iloc[-1] == pytest.approx(frame["a100_hours"].iloc[:-1].sum())
+    by_stage = frame.set_index("stage")
+    assert by_stage.loc["train_sae", "jobs"] == 24 and by_stage.loc["attribution", "jobs"] == 2
+    assert by_stage.loc["train_sae", "work"] == 24 * 20_000_000
+    assert all("projected" in s or "disk bound" in s for s in frame["source"].iloc[:-1])
+
+
+def _readme_block(name: str) -> str:
+    text = README.read_text()
+    match = re.search(rf"<!-- {name} -->\n(.*?)\n<!-- /{name} -->", text, re.S)
+    assert match, f"docs/csd3.md has no <!-- {name} --> block"
+    return match.group(1).strip()
+
+
+def test_readme_presets_are_what_the_planner_computes():
+    assert _readme_block("gpu-presets") == memory.presets_markdown()
+
+
+def test_presets_shrink_with_the_gpu():
+    rows = {(r["gpu"], r["model"]): r for r in memory.gpu_presets()}
+    for model in MODELS:
+        big, small_gpu = rows[("A100-80GB", model)], rows[("T4-16GB", model)]
+        for stage in ("capture", "sae", "attribution"):
+            assert small_gpu[stage] <= big[stage]
+            assert big[stage] & (big[stage] - 1) == 0  # a power of two
+            assert big[f"{stage}_gib"] <= 0.8 * (81920 - 1024) / 1024
+
+
+def test_stored_cpu_result_gives_the_readme_gpu_hours():
+    suite = gpu_hours.load_suite(STORED)
+    assert suite["mode"] != "small" and suite["device"]["type"] == "cpu"
+    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN))
+    assert _readme_block("gpu-hours") == gpu_hours.markdown(frame)

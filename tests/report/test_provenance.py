@@ -1,0 +1,34 @@
+"""Provenance collected after the stages: failed jobs from Snakemake's logs and sacct."""
+
+from __future__ import annotations
+
+
+def test_failed_jobs_and_sacct_parsing(tmp_path, monkeypatch):
+    from circuitflow import provenance
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    out = tmp_path / "results"
+    (log_dir / "2026-01-01T000000.snakemake.log").write_text(
+        "Error in rule train_sae:\n"
+        "    message: SLURM-job '16' failed, SLURM status is: 'TIMEOUT'.\n"
+        "    jobid: 4\n"
+        f"    output: {out}/saes/resid_post/layer_1\n"
+        f"    log: {out}/logs/train_sae/l1.log (check log file(s) for error details)\n"
+        "Error in rule baseline:\n"
+        "    jobid: 5\n"
+        "    output: /elsewhere/results/baseline/x.json\n"
+    )
+    sacct = (
+        "16|uuid|rule_train_sae_wildcards_resid_post_1|TIMEOUT|0:0|00:10:00|a|b|ampere|||1G|/w\n"
+    )
+    rows = provenance.parse_sacct(sacct)
+    assert rows[0]["jobid"] == "16" and rows[0]["state"] == "TIMEOUT"
+    failed = provenance.failed_jobs(log_dir, out, None, {"jobs": [rows[0] | {"rule": "train_sae"}]})
+    assert [(f["source"], f["rule"]) for f in failed] == [
+        (".snakemake/log/2026-01-01T000000.snakemake.log", "train_sae"),
+        ("sacct", "train_sae"),
+    ]
+    assert "TIMEOUT" in failed[0]["reason"] and "TIMEOUT" in failed[1]["reason"]
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert provenance.slurm_jobs(tmp_path, None)["jobs"] == []

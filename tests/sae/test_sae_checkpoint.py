@@ -1,0 +1,140 @@
+"""Checkpoint/resume: SIGTERM mid-training, rerun, and compare with an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.sae_data import tiny_model, write_capture
+from safetensors.torch import load_file
+
+from circuitflow.errors import EXIT_CHECKPOINTED, CheckpointError
+from circuitflow.resumable import Interrupted
+from circuitflow.sae.checkpoint import list_checkpoints, load_checkpoint
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.stage import train_sae
+
+torch.set_num_threads(1)
+TESTS = Path(__file__).resolve().parents[1]  # helpers/ lives here
+CFG = {
+    "architecture": "standard",
+    "target_l0": 8,
+    "l1_coefficient": 0.1,
+    "total_tokens": 200_000,
+    "batch_size": 256,
+    "checkpoint_every_tokens": 20_000,
+    "eval_contexts": 8,
+}
+
+RUNNER = f"""
+import sys, json, torch
+sys.path.insert(0, {str(TESTS)!r})
+torch.set_num_threads(1)
+from helpers.sae_data import tiny_model
+from circuitflow.errors import EXIT_CHECKPOINTED
+from circuitflow.resumable import Interrupted
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.stage import train_sae
+acts, out = sys.argv[1], sys.argv[2]
+try:
+    train_sae(acts, out, SAETrainConfig.from_dict(json.loads(sys.argv[3])), tiny_model())
+except Interrupted as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(EXIT_CHECKPOINTED)
+"""
+
+
+def _run(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path):
+    import json
+
+    model = tiny_model()
+    acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=128)
+    ref = train_sae(acts, tmp_path / "ref", SAETrainConfig.from_dict(CFG), model)
+
+    out = tmp_path / "run"
+    ckpt_root = out.with_name("run.ckpt")
+    proc = _run([str(acts), str(out), json.dumps(CFG)])
+    deadline = time.time() + 120
+    while not list_checkpoints(ckpt_root) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CHECKPOINTED, err
+    assert "SIGTERM: checkpointed" in err
+    assert not out.exists()
+    _, state = load_checkpoint(list_checkpoints(ckpt_root)[-1])
+    assert 0 < state["n_training_samples"] < CFG["total_tokens"]
+
+    proc = _run([str(acts), str(out), json.dumps(CFG)])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert not ckpt_root.exists()
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["resumed"] is True and got["tokens_trained"] == ref["tokens_trained"]
+    # Same weights, same controller trajectory as the run that was never interrupted.
+    a, b = (
+        load_file(out / "sae_weights.safetensors"),
+        load_file(tmp_path / "ref/sae_weights.safetensors"),
+    )
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    hist = [[h["step"], h["l0"], h["coefficient"]] for h in got["controller_history"]]
+    ref_hist = [[h["step"], h["l0"], h["coefficient"]] for h in ref["controller_history"]]
+    assert len(hist) == len(ref_hist) > 0
+    for x, y in zip(hist, ref_hist, strict=True):
+        assert x == pytest.approx(y, rel=1e-5)
+
+
+def test_corrupt_checkpoint_is_rejected(tmp_path):
+    model = tiny_model()
+    acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=16)
+    cfg = SAETrainConfig.from_dict({**CFG, "total_tokens": 4_096, "checkpoint_every_tokens": 1024})
+    ckpt_root = tmp_path / "ck"
+    from circuitflow.sae import stage as sae_stage
+
+    # Stop right after the second checkpoint by faking a SIGTERM from inside the run.
+    orig = sae_stage.save_checkpoint
+    calls = []
+
+    def save_then_stop(*a, **kw):
+        calls.append(1)
+        path = orig(*a, **kw)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return path
+
+    sae_stage.save_checkpoint = save_then_stop
+    try:
+        with pytest.raises(Interrupted):
+            train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
+    finally:
+        sae_stage.save_checkpoint = orig
+    newest = list_checkpoints(ckpt_root)[-1]
+    tensors = newest / "tensors.safetensors"
+    data = tensors.read_bytes()
+    tensors.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
+    with pytest.raises(CheckpointError, match=rf"{newest.name}.*truncated or corrupt"):
+        train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
+    (newest / "state.json").write_text('{"format": 1, "st')
+    with pytest.raises(CheckpointError, match=rf"{newest.name}.*unreadable"):
+        load_checkpoint(newest)
+    assert not (tmp_path / "out").exists()

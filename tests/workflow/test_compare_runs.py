@@ -1,0 +1,57 @@
+"""compare_runs on the real DAG: two runs of .test/config/small.yaml with the same seed agree; a
+changed seed shows up in the diff; a missing directory is exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers.dag import REPO, load_test_config, run_snakemake
+
+from circuitflow.compare import collect
+
+pytestmark = pytest.mark.slow
+
+
+def _compare(a, b):
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "compare_runs.py"), str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_same_seed_runs_agree_and_changed_seed_differs(tmp_path):
+    small = load_test_config("small")
+    run_snakemake(small, tmp_path / "a")
+    run_snakemake(small, tmp_path / "b")
+    run_a, run_b = tmp_path / "a" / "results", tmp_path / "b" / "results"
+    # A changed seed changes the model, hence the baseline: that part of the DAG is enough.
+    target = tmp_path / "c" / "results" / "baseline" / "induction.json"
+    run_snakemake(small | {"seed": 1}, tmp_path / "c", str(target))
+    run_c = tmp_path / "c" / "results"
+    metrics = collect(run_a)
+    for key in (
+        "baseline/induction/logit_diff_mean",
+        "sae/resid_post/layer_1/l0",
+        "sae/resid_post/layer_1/ce_loss_recovered",
+        "attribution/induction/heads/top10",
+        "interventions/induction/faithfulness",
+        "interventions/induction/completeness",
+    ):
+        assert key in metrics, key
+
+    same = _compare(run_a, run_b)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "metrics agree" in same.stdout
+
+    changed = _compare(run_a, run_c)
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert "changed: baseline/induction/model_weights_sha256" in changed.stdout
+    assert "changed: baseline/induction/logit_diff_mean" in changed.stdout
+    assert "only in A: interventions/induction/faithfulness" in changed.stdout
+
+    missing = _compare(run_a, run_a.parent / "nowhere")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

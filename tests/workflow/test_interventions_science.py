@@ -1,0 +1,130 @@
+"""Interventions on the embedded default (the whole DAG, `default_results`): ablations confirm the
+circuits the synthetic language plants. The induction heads are found here from attention
+patterns alone (`attention_scores`), independently of attribution and of the interventions code.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers.attention import attention_scores
+from helpers.schemas import check_outputs
+
+from circuitflow.interventions.ablation import Intervener
+from circuitflow.model.load import load_model
+from circuitflow.nodes import Node
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(default_results):
+    torch.set_num_threads(1)
+    results = default_results
+    model = load_model(results / "model", "cpu", "float32")
+    prompts = pd.read_parquet(results / "prompts" / "induction.parquet")
+    _, ind = attention_scores(model, prompts)
+    # Induction needs composition: induction heads sit above layer 0. The top one, and every
+    # head scoring at least half as much (redundant copies are ablated together).
+    upper = ind[1:]
+    layer, head = np.unravel_index(np.argmax(upper), upper.shape)
+    top = (int(layer) + 1, int(head))
+    strong = np.argwhere(upper >= 0.5 * upper.max())
+    heads = [(int(layer) + 1, int(head)) for layer, head in strong]
+    return results, model, top, sorted(heads), ind
+
+
+def summary(results, behaviour):
+    return json.loads((results / "interventions" / behaviour / "summary.json").read_text())
+
+
+def heads_table(results, behaviour):
+    return pd.read_parquet(results / "interventions" / behaviour / "heads.parquet")
+
+
+def drop_when_ablated(model, results, behaviour, heads, kind) -> float:
+    prompts = pd.read_parquet(results / "prompts" / f"{behaviour}.parquet")
+    iv = Intervener(model, prompts, kind)
+    base = iv.run(()).logit_diff.mean()
+    ablated = iv.run([Node("head", layer, h) for layer, h in heads]).logit_diff.mean()
+    return float(1 - ablated / base)
+
+
+def test_ablating_the_induction_head_breaks_induction(setup):
+    """Mean ablation of the induction head (with any redundant copy) removes >= 70% of the logit
+    difference; a random other head of the same layer removes <= 20%."""
+    results, model, top, ind_heads, ind = setup
+    s = summary(results, "induction")
+    assert s["ablation"] == "mean"
+    table = heads_table(results, "induction").set_index(["layer", "head"])
+    if ind_heads == [top]:
+        drop = table.loc[top, "drop_frac"]
+        assert table.loc[top, "drop_frac_std"] < 0.1
+        assert table.loc[top, "score_ci_low"] > 0
+    else:
+        drop = drop_when_ablated(model, results, "induction", ind_heads, "mean")
+    assert drop >= 0.7, (top, ind_heads, drop, ind, table)
+
+    layer = top[0]
+    others = [h for h in range(model.cfg.n_heads) if (layer, h) not in ind_heads]
+    others = others or [h for h in range(model.cfg.n_heads) if (layer, h) != top]
+    rand = (layer, int(np.random.default_rng(0).choice(others)))
+    assert abs(table.loc[rand, "drop_frac"]) <= 0.2, (rand, table)
+
+
+@pytest.mark.parametrize("behaviour", ["induction", "facts"])
+def test_small_circuit_is_faithful_and_random_circuits_are_not(setup, behaviour):
+    """Over components, SAE features and error terms: a circuit of at most half the candidate
+    nodes (at most a third of every node the model has, dead SAE latents included) reaches
+    faithfulness 0.8; random circuits of that size stay near 0."""
+    results, model, *_ = setup
+    s = summary(results, behaviour)
+    kinds = s["n_nodes_by_kind"]
+    assert kinds["feature"] > 100 and kinds["error"] == 2, kinds
+    n = s["smallest_faithful_size"]
+    assert n is not None, s["faithfulness_curve"]
+    assert n <= 0.5 * s["n_nodes"], s["faithfulness_curve"]
+    d_saes = [json.loads(c.read_text())["d_sae"] for c in results.glob("saes/*/*/cfg.json")]
+    model_nodes = 1 + model.cfg.n_layers * (model.cfg.n_heads + 1) + sum(d + 1 for d in d_saes)
+    assert n <= model_nodes / 3
+    assert s["smallest_faithful_by_kind"].get("feature", 0) > 0  # features carry the circuit
+    circuits = pd.read_parquet(results / "interventions" / behaviour / "circuits.parquet")
+    rand = circuits[(circuits["circuit"] == "random") & (circuits["n"] == n)]
+    assert len(rand) >= 5
+    assert rand["faithfulness"].mean() < 0.1, rand["faithfulness"].tolist()
+    assert (rand["faithfulness"] >= 0.8).mean() == 0, rand["faithfulness"].tolist()
+    top = circuits[(circuits["circuit"] == "top") & (circuits["n"] == n)].iloc[0]
+    assert top["faithfulness"] >= 0.8 and top["completeness"] > 0.5
+    below = circuits[(circuits["circuit"] == "top") & (circuits["n"] == n - 1)]
+    assert below["faithfulness"].iloc[0] < 0.8  # the smallest, not just a faithful size
+    # Curves end where the definitions say: nothing kept -> 0, everything kept -> 1.
+    curve = {int(k): v for k, v in s["faithfulness_curve"].items()}
+    assert curve[0] == pytest.approx(0, abs=1e-6)
+    assert curve[s["n_nodes"]] == pytest.approx(1, abs=1e-6)
+
+
+def test_facts_do_not_need_the_induction_heads(setup):
+    results, model, top, ind_heads, _ = setup
+    kind = summary(results, "facts")["ablation"]
+    change = drop_when_ablated(model, results, "facts", ind_heads, kind)
+    assert abs(change) <= 0.2, (ind_heads, change)
+    across = pd.read_parquet(results / "interventions" / "heads_across_behaviours.parquet")
+    row = across.set_index(["behaviour", "layer", "head"])
+    assert abs(row.loc[("facts", *top), "drop_frac"]) <= 0.2
+    assert row.loc[("induction", *top), "specificity"] > 0
+
+
+def test_outputs_have_their_schemas(setup):
+    results, model, *_ = setup
+    for behaviour in ("induction", "facts"):
+        s = check_outputs(
+            results / "interventions" / behaviour, model.cfg.n_layers, model.cfg.n_heads
+        )
+        assert 0 <= s["seconds"]["total"] < 120
+    across = pd.read_parquet(results / "interventions" / "heads_across_behaviours.parquet")
+    assert set(across["behaviour"]) == {"induction", "facts"}
+    assert (results / "interventions" / "heads_across_behaviours.png").stat().st_size > 1000

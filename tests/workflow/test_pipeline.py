@@ -1,0 +1,91 @@
+"""The real DAG on the embedded default (`default_results`): the contracts of the model, prompts,
+baseline and provenance stages, and a rerun that has nothing to do."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+from helpers.dag import REPO, read_json, run_snakemake
+from safetensors.torch import load_file
+
+from circuitflow.io import sha256_file
+from circuitflow.model.load import load_model
+from circuitflow.prompts import PROMPT_COLUMNS, prompts_hash
+
+pytestmark = pytest.mark.slow
+DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+BEHAVIOURS = DEFAULT["behaviours"]
+
+
+def test_dry_run_lists_the_rules(tmp_path):
+    done = run_snakemake({}, tmp_path, "-n")
+    for rule in ("train_model", "prompts", "baseline", "provenance", "capture", "train_sae",
+                 "attribution", "interventions", "job_costs", "all"):  # fmt: skip
+        assert rule in done.stdout, rule
+
+
+def test_model_stage_writes_weights_tokenizer_and_model_json(default_results):
+    info = read_json(default_results / "model" / "model.json")
+    assert info["kind"] == "embedded"
+    assert info["architecture"]["n_layers"] == 2
+    assert info["architecture"]["active_heads"] == [2, 1]  # `auto` for two layers
+    assert info["weights_sha256"] == sha256_file(default_results / "model" / "weights.safetensors")
+    assert info["training"]["steps"] == DEFAULT["embedded"]["training"]["steps"]
+    assert info["tokens_per_s"] > 0
+    weights = load_file(default_results / "model" / "weights.safetensors")
+    assert set(weights) >= {"embed.W_E", "unembed.W_U"}
+    model = load_model(default_results / "model", "cpu")
+    assert model.tokenizer.decode([0]) == "<bos>"
+
+
+def test_prompts_follow_the_contract(default_results):
+    for behaviour, spec in BEHAVIOURS.items():
+        frame = pd.read_parquet(default_results / "prompts" / f"{behaviour}.parquet")
+        assert list(frame.columns) == PROMPT_COLUMNS
+        assert len(frame) == spec["n_prompts"]
+        pairs = zip(frame.clean_tokens, frame.corrupted_tokens, strict=True)
+        assert all(len(c) == len(k) for c, k in pairs)
+        assert frame.clean_text.str.len().min() > 0
+
+
+def test_baseline_summary_and_rows(default_results):
+    for behaviour, spec in BEHAVIOURS.items():
+        summary = read_json(default_results / "baseline" / f"{behaviour}.json")
+        rows = pd.read_parquet(default_results / "baseline" / f"{behaviour}.parquet")
+        prompts = pd.read_parquet(default_results / "prompts" / f"{behaviour}.parquet")
+        assert summary["n_prompts"] == len(rows) == spec["n_prompts"]
+        assert summary["prompts_sha256"] == prompts_hash(prompts)
+        assert summary["logit_diff_mean"] == pytest.approx(rows.logit_diff.mean(), rel=1e-6)
+        assert summary["accuracy"] == pytest.approx(rows.correct.mean())
+        assert 0 <= summary["expected_calibration_error"] <= 1
+        assert (default_results / "baseline" / f"{behaviour}_calibration.png").stat().st_size > 1000
+
+
+def test_provenance_records_environment_and_resolved_config(default_results):
+    env = read_json(default_results / "provenance" / "environment.json")
+    assert env["packages"]["transformer-lens"] and env["packages"]["sae-lens"]
+    assert env["torch"] and env["python"] and "commit" in env["pipeline_git"]
+    resolved = (default_results / "provenance" / "config.resolved.yaml").read_text()
+    assert "layers:\n- 0\n- 1" in resolved
+
+
+def test_rerun_is_a_no_op(default_results, tmp_path):
+    before = sha256_file(default_results / "prompts" / "induction.parquet")
+    done = run_snakemake({"outdir": str(default_results)}, tmp_path, "-n")
+    assert "Nothing to be done" in done.stdout + done.stderr
+    assert sha256_file(default_results / "prompts" / "induction.parquet") == before
+
+
+def test_jobs_keep_the_callers_pythonpath(tmp_path):
+    """A job's PYTHONPATH is the project's src/ followed by the caller's (a module loaded on
+    CSD3 often sets it): a sitecustomize on the caller's path runs inside the `check` job."""
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(' '.join(sys.argv) + '\\n'))\n"
+    )
+    run_snakemake({}, tmp_path / "run", "check", env={"PYTHONPATH": str(site)})
+    assert "check_env.py" in marker.read_text()

@@ -1,0 +1,160 @@
+"""The report a researcher attaches to a paper: the default run, then `snakemake --report`,
+looked at in headless Chromium. Every figure and table is opened through the report's own menu; the
+page must load without JavaScript errors and show each one (an <img> or <iframe> of that file).
+Screenshots are left in the test's temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.dag import REPO, SNAKEMAKE
+
+pytestmark = pytest.mark.slow
+
+# (category[/subcategory], row labels of the result, file shown)
+SHOWN = [
+    ("Model", ["training loss"], "training_loss.png"),
+    (
+        "Baseline/Figures",
+        ["induction", "logit difference and calibration"],
+        "induction_calibration.png",
+    ),
+    ("Baseline/Summary", ["all", "metrics table"], "baseline.html"),
+    ("SAEs", ["metrics per layer"], "sae_metrics.png"),
+    ("SAEs", ["L0 controller history"], "sae_controller.png"),
+    ("SAEs", ["metrics table"], "sae_metrics.html"),
+    ("Attribution", ["induction", "head effects"], "heads.png"),
+    ("Attribution", ["induction", "top SAE features"], "features.png"),
+    ("Attribution", ["induction", "circuit graph"], "graph.html"),
+    ("Interventions", ["induction", "faithfulness and completeness"], "faithfulness.png"),
+    ("Interventions", ["induction", "single-head ablation"], "heads.png"),
+    ("Interventions", ["induction", "head pairs and triplets"], "head_sets.png"),
+    ("Interventions", ["induction", "feature steering"], "steering.png"),
+    ("Interventions", ["all", "head effects across behaviours"], "heads_across_behaviours.png"),
+    ("Tables", ["induction", "attribution and ablation tables"], "tables.html"),
+    ("Job costs", ["wall time and memory"], "job_costs.png"),
+    ("Job costs", ["table"], "job_costs.html"),
+    ("Job costs", ["GPU-hours of a full run"], "gpu_hours.html"),
+    ("Provenance", ["reproducibility checklist"], "provenance.html"),
+]
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1400,1000", "--virtual-time-budget=30000",
+]  # fmt: skip
+
+# Collects JavaScript errors from the start; after load, clicks through `steps` (a category
+# name, `row:a|b` for the eye button of the result whose cells read a and b, `back` for the
+# breadcrumb) and records which report files an <img>/<iframe> showed after each step.
+HEAD_JS = (
+    "<script>window.__errors=[];window.__shown=[];"
+    "window.addEventListener('error',e=>window.__errors.push(String(e.message)));</script>"
+)
+STEPS_JS = (REPO / "tests" / "helpers" / "report_steps.js").read_text()
+
+
+def chromium() -> str:
+    """Debian's chromium, installed here if missing (CI runs as root with the registry)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium missing and cannot be installed (not root or no apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0:
+            pytest.skip(f"chromium cannot be installed: {' '.join(cmd)}: {done.stderr[-300:]}")
+    return shutil.which("chromium") or pytest.skip("chromium installed but not on PATH")
+
+
+def with_steps(report: Path, steps: list[str], out: Path) -> Path:
+    html = report.read_text()
+    html = html.replace("<head>", "<head>" + HEAD_JS, 1)
+    end = html.rindex("</body>")
+    script = "<script>" + STEPS_JS.replace("STEPS", json.dumps(steps)) + "</script>"
+    out.write_text(html[:end] + script + html[end:])
+    return out
+
+
+def browse(browser: str, page: Path, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+
+@pytest.fixture(scope="module")
+def report_html(default_results, tmp_path_factory) -> Path:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config_file = tmp_path_factory.mktemp("report") / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config | {"outdir": str(default_results)}))
+    report = config_file.parent / "report.html"
+    done = subprocess.run(
+        [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(REPO),
+         "--configfile", str(config_file), "--report", str(report)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return report
+
+
+def test_report_pages_and_provenance_files(report_html, default_results):
+    results = default_results
+    for name in ("hashes.json", "slurm_jobs.json", "pip_freeze.txt", "run.json",
+                 "environment.json", "config.resolved.yaml"):  # fmt: skip
+        assert (results / "provenance" / name).stat().st_size > 0, name
+    hashes = json.loads((results / "provenance" / "hashes.json").read_text())
+    assert hashes["files"]["model_weights"] and hashes["files"]["activations"]
+    assert hashes["files"]["prompt_sets"] and hashes["files"]["token_sets"]
+    slurm = json.loads((results / "provenance" / "slurm_jobs.json").read_text())
+    assert slurm["jobs"] == [] and slurm["reason"]  # a local run
+    assert json.loads((results / "provenance" / "run.json").read_text())["seeds"]["seed"] == 0
+    costs = (results / "report" / "job_costs.csv").read_text()
+    for rule in ("train_model", "capture", "train_sae", "attribution", "interventions"):
+        assert f"\n{rule}," in costs, rule
+    assert report_html.stat().st_size > 100_000
+
+
+def test_report_in_chromium(report_html, tmp_path):
+    browser = chromium()
+    steps = []
+    for category, labels, _ in SHOWN:
+        steps += [*category.split("/"), "row:" + "|".join(labels), "back"]
+    page = with_steps(report_html, steps, tmp_path / "report_steps.html")
+    done = browse(browser, page, "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert "circuitflow run on model" in dom
+    errors = json.loads(re.search(r'data-errors="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert errors == [], errors
+    shown = json.loads(re.search(r'data-shown="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert len(shown) == len(SHOWN)
+    for (category, labels, filename), (_step, files) in zip(SHOWN, shown, strict=True):
+        assert filename in files, f"{category} {labels}: showed {files}, not {filename}"
+
+    # Screenshots of the front page and a figure, for a person to look at; not blank.
+    import matplotlib.image
+
+    for name, steps in {
+        "front": [],
+        "faithfulness": ["Interventions", "row:induction|faithfulness and completeness"],
+    }.items():
+        shot = tmp_path / f"{name}.png"
+        done = browse(browser, with_steps(report_html, steps, tmp_path / f"{name}.html"),
+                      f"--screenshot={shot}")  # fmt: skip
+        assert shot.is_file(), done.stderr[-2000:]
+        pixels = matplotlib.image.imread(shot)
+        assert pixels.shape[:2] == (1000, 1400) and pixels.std() > 0.05, name
+    print(f"screenshots in {tmp_path}")

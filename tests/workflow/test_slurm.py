@@ -1,0 +1,294 @@
+"""The CSD3 Slurm profile: its dry-run sbatch lines, and the whole pipeline on a real local Slurm
+cluster with accounting (tests/slurm/cluster.sh) through profiles/local-slurm, which is generated
+from profiles/csd3 with only the `# local:` substitutions (account, GRES, log directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+if __name__ == "__main__":  # run as a script (to regenerate the profile): helpers are one up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.dag import REPO, SNAKEMAKE, load_test_config, run_snakemake
+
+from circuitflow.resources import GPU_RULES
+
+pytestmark = pytest.mark.slow
+TINY = load_test_config("tiny")
+
+CSD3 = REPO / "profiles" / "csd3" / "config.yaml"
+LOCAL = REPO / "profiles" / "local-slurm" / "config.yaml"
+CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+LOCAL_HEADER = (
+    "# GENERATED from profiles/csd3/config.yaml by `python tests/workflow/test_slurm.py`"
+    ":\n# the CSD3 profile with the `# local:` values for the local test cluster (tests/slurm),\n"
+    "# which has the same partition names, no GPUs and the account circuitflow-test.\n"
+)
+MARKED = re.compile(r"^(\s*[\w-]+:\s*)(\S.*?)\s+# local: (.*)$")
+
+
+def local_profile_text() -> str:
+    """profiles/csd3 with each `# local:` value swapped in: nothing else may differ."""
+    lines = []
+    for line in CSD3.read_text().splitlines():
+        m = MARKED.match(line)
+        if m:
+            value = m.group(3) if m.group(3) != "''" else "\"''\""
+            if line.lstrip().startswith(("slurm_account", "gpu_account", "gpu_gres", "envmodules")):
+                value = f'"{m.group(3)}"'
+            line = f"{m.group(1)}{value}  # csd3: {m.group(2)}"
+        lines.append(line)
+    return LOCAL_HEADER + "\n".join(lines) + "\n"
+
+
+def test_local_profile_is_csd3_with_documented_substitutions():
+    assert LOCAL.read_text() == local_profile_text(), "run: python tests/workflow/test_slurm.py"
+    csd3, local = yaml.safe_load(CSD3.read_text()), yaml.safe_load(LOCAL.read_text())
+    differ = {k for k in csd3 if csd3[k] != local[k]}
+    assert differ <= {"slurm-logdir", "default-resources"}
+    res_differ = {
+        k
+        for k in csd3["default-resources"]
+        if csd3["default-resources"][k] != local["default-resources"][k]
+    }
+    assert res_differ == {"slurm_account", "gpu_account", "gpu_gres", "envmodules"}
+    # The settings the local test proves are the CSD3 ones.
+    assert "slurm-array-jobs" not in local and local["slurm-status-command"] == "sacct"
+
+
+# ------------------------------------------------------------------------ dry run, CSD3 --------
+def _dry_run_jobs(tmp_path: Path, configfile: Path, env: dict) -> list[dict]:
+    cmd = [*SNAKEMAKE, "--profile", "profiles/csd3", "--configfile", str(configfile), "-n"]
+    cmd += ["--directory", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs, job = [], None
+    for line in done.stdout.splitlines():
+        if m := re.match(r"^(local)?rule (\w+):", line):
+            job = {"rule": m.group(2), "local": bool(m.group(1)), "threads": 1, "wildcards": ""}
+            jobs.append(job)
+        elif job and (m := re.match(r"^\s+(threads|resources|wildcards): (.*)$", line)):
+            job[m.group(1)] = m.group(2)
+    for job in jobs:
+        pairs = re.findall(r"(\w+)=([^,]*)(?:, |$)", job.get("resources", ""))
+        job["resources"] = {k: int(v) if v.isdigit() else v for k, v in pairs}
+        job["threads"] = int(job["threads"])
+    return jobs
+
+
+def sbatch_line(job: dict) -> str:
+    """The sbatch call the plugin would make for a dry-run job, built by the plugin itself."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    res = job["resources"]
+
+    class Resources(SimpleNamespace):
+        def get(self, key, default=None):
+            return getattr(self, key, default)
+
+    fake = SimpleNamespace(resources=Resources(**res), threads=job["threads"], name=job["rule"])
+    params = {
+        "run_uuid": "RUN",
+        "slurm_logfile": f"LOGDIR/rule_{job['rule']}/%j.log",
+        "comment_str": f"rule_{job['rule']}",
+        "account": f"-A {res['slurm_account']}",
+        "partition": f"-p {res['slurm_partition']}",
+        "workdir": "WORKDIR",
+    }
+    return get_submit_command(fake, params) + set_gres_string(fake)
+
+
+def test_csd3_dry_run_follows_csd3_rules(tmp_path):
+    """GPT-2 small, 12 layers: GPU jobs on ampere with --gres=gpu:1 and the -GPU account, CPU jobs
+    on icelake with the -CPU account, <= 32 CPUs per GPU, walltime within 36 h, one train_sae job
+    per layer (no arrays)."""
+    cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    cfg["outdir"] = str(tmp_path / "results")
+    configfile = tmp_path / "gpt2.yaml"
+    configfile.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "CSD3_ACCOUNT": "DUMMY-SL2"}
+    jobs = _dry_run_jobs(tmp_path, configfile, env)
+    # prefetch_model is a localrule (login node): the dry run lists it like the others.
+    remote = [j for j in jobs if j["rule"] not in ("all", "prefetch_model")]
+    saes = [j for j in remote if j["rule"] == "train_sae"]
+    assert len(saes) == 12
+    lines = {}
+    for job in remote:
+        line = sbatch_line(job)
+        lines.setdefault(job["rule"], line)
+        minutes = int(re.search(r" -t '?(\d+)", line).group(1))
+        assert 0 < minutes <= 36 * 60, line
+        if "--gres=gpu:1" in line:
+            assert "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
+            cpus = int(re.search(r"--cpus-per-(?:gpu|task)=(\d+)", line).group(1))
+            assert 1 <= cpus <= 32, line
+        else:
+            assert "-p icelake" in line and "-A DUMMY-SL2-CPU" in line, line
+        assert "--signal=TERM@120" in line
+    for rule in ("baseline", "capture", "train_sae"):
+        assert "--gres=gpu:1" in lines[rule], lines[rule]
+    for rule in ("prompts", "provenance", "capture_tokens"):
+        assert "--gres" not in lines[rule], lines[rule]
+    print("\n".join(f"{rule}: {line}" for rule, line in sorted(lines.items())))
+
+    # Without the account: one clear error before anything is submitted.
+    env.pop("CSD3_ACCOUNT")
+    cmd = [*SNAKEMAKE, "--profile", "profiles/csd3", "--configfile", str(configfile), "-n"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 0 and "export CSD3_ACCOUNT" in done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------- the local Slurm cluster ---
+def _cluster(*args: str, check: bool = False):
+    return subprocess.run(
+        ["bash", str(CLUSTER), *args], capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    """A running local cluster and the environment that reaches it; stopped (by PID) afterwards."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+        pytest.skip("local Slurm cluster needs root and Debian packages (apt-get)")
+    started = _cluster("start")
+    if started.returncode != 0:
+        _cluster("stop")
+        pytest.skip(f"cannot run a local Slurm cluster: {started.stderr.strip()}")
+    env_lines = _cluster("env").stdout
+    env = dict(re.findall(r"export (\w+)=(.*)", env_lines))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        stopped = _cluster("stop")
+        print(stopped.stdout, stopped.stderr)
+
+
+def _sacct(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State,Partition,Account"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line]
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+def _submitted(log: str) -> dict[str, list[str]]:
+    """rule/wildcards -> Slurm job ids, from the plugin's log lines."""
+    jobs: dict[str, list[str]] = {}
+    for jobid, path in re.findall(r"SLURM jobid (\d+) \(log: (\S+?)\)", log):
+        # <slurm-logdir>/rule_<name>[/<wildcards>]/<jobid>.log
+        key = path[path.rindex("/rule_") + 1 :].rsplit("/", 1)[0]
+        jobs.setdefault(key, []).append(jobid)
+    return jobs
+
+
+# The profile's first status check comes 20 s after a submission and each check that finds
+# nothing finished waits 10 s longer (up to 3 minutes): right for hour-long CSD3 jobs, mostly
+# idle waiting for these seconds-long ones. Only the polling differs from the profile.
+FAST_POLL = ("--slurm-init-seconds-before-status-checks", "5")
+
+SLURM_TINY = {
+    **TINY,
+    "capture": {"n_tokens": 8192},
+    # Checkpoints only every 250k tokens (the default): the walltime run's resume must come
+    # from the checkpoint written on SIGTERM.
+    "sae": {"total_tokens": 60000, "batch_size": 512, "eval_contexts": 8},
+    "interventions": {"n_seeds": 1, "n_random_circuits": 3},
+}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
+    """The DAG through SAE training and the baseline goes through sbatch (sacct: COMPLETED,
+    right partition and account; GPU and CPU rules both), one job per SAE layer; then a
+    train_sae job with too short a walltime is stopped by Slurm, checkpoints on SIGTERM, and its
+    retry resumes and finishes. The later rules get their resources from the same helper (the
+    CSD3 dry run checks every rule's). About 7 minutes on 2 cores."""
+    workdir = tmp_path / "run"
+    results = workdir / "results"
+    targets = [results / "saes" / "resid_post" / f"layer_{n}" for n in (0, 1)]
+    targets.append(results / "baseline" / "induction.json")
+    t0 = time.monotonic()
+    done = run_snakemake(SLURM_TINY, workdir, "--profile", "profiles/local-slurm", *FAST_POLL,
+                         *map(str, targets))  # fmt: skip
+    print(f"local Slurm pipeline: {time.monotonic() - t0:.0f} s")
+    log = done.stdout + done.stderr
+    for layer in (0, 1):
+        sae = results / "saes" / "resid_post" / f"layer_{layer}"
+        assert (sae / "cfg.json").is_file() and (sae / "sae_weights.safetensors").is_file()
+    assert (results / "baseline" / "induction.json").is_file()
+    jobs = _submitted(log)
+    assert {"rule_train_sae/resid_post_0", "rule_train_sae/resid_post_1"} <= set(jobs), jobs
+    assert "rule_train_model" in {k.split("/")[0] for k in jobs}
+    ids = [i for v in jobs.values() for i in v]
+    states = _sacct(ids)
+    assert all(states[i][0] == "COMPLETED" for i in ids), states
+    for key, job_ids in jobs.items():
+        gpu = key.split("/")[0].removeprefix("rule_") in GPU_RULES
+        partition = "ampere" if gpu else "icelake"
+        assert all(states[i][1] == partition for i in job_ids), (key, states)
+        assert all(states[i][2] == "circuitflow-test" for i in job_ids)
+
+    # Walltime: layer 1 again, with more tokens than fit before the first attempt's SIGTERM:
+    # a 4-minute walltime with --signal=TERM@120 signals it 1.5-2.5 minutes in (Slurm checks
+    # limits every 30 s; a 3-minute walltime sometimes signalled it before training had
+    # started). Tokens/s vary tenfold with the load, so size the run from the first SAE's speed:
+    # 200 s of it (that short run overstates the speed, about 1.3x, so the work is longer; the
+    # signal comes at most 150 s in). train_sae checkpoints and exits 75; attempt 2 resumes.
+    sae_dir = results / "saes" / "resid_post" / "layer_1"
+    speed = json.loads((sae_dir / "metrics.json").read_text())["tokens_per_s"]
+    tokens = max(200_000, int(speed * 200) // 512 * 512)
+    shutil.rmtree(sae_dir)
+    cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": tokens}}
+    t0 = time.monotonic()
+    done = run_snakemake(
+        cfg,
+        workdir,
+        "--profile",
+        "profiles/local-slurm",
+        *FAST_POLL,
+        str(sae_dir),
+        # Only the missing SAE: not whatever else a code edit since the first run touched.
+        "--rerun-triggers",
+        "mtime",
+        "--set-resources",
+        "train_sae:runtime=4 if attempt == 1 else 30",
+    )
+    print(f"walltime run: {time.monotonic() - t0:.0f} s")
+    log = done.stdout + done.stderr
+    ids = _submitted(log)["rule_train_sae/resid_post_1"]
+    assert len(ids) == 2, log
+    states = _sacct(ids)
+    assert states[ids[0]][0] in ("FAILED", "TIMEOUT"), states
+    assert states[ids[1]][0] == "COMPLETED", states
+    metrics = json.loads((sae_dir / "metrics.json").read_text())
+    assert metrics["resumed"] is True, metrics
+    train_log = (results / "logs" / "train_sae" / "resid_post_layer_1.log").read_text()
+    assert "resumed from" in train_log
+
+
+if __name__ == "__main__":
+    LOCAL.parent.mkdir(parents=True, exist_ok=True)
+    LOCAL.write_text(local_profile_text())
+    print(f"wrote {LOCAL}", file=sys.stderr)
