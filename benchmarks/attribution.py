@@ -67,8 +67,7 @@ def main() -> None:
     )
     acfg = AttributionConfig(
         method=args.method,
-        exact_heads=True,
-        exact_features=0,
+        validation_features=0,
         batch_size=args.n_prompts,
         ig_steps=10,
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.dag import REPO, run_snakemake
+from helpers.dag import REPO, load_test_config, run_snakemake
 
 
 @pytest.fixture(scope="session")
@@ -34,4 +34,12 @@ def default_results(tmp_path_factory) -> Path:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config.pop("outdir")  # results go to this test's directory, not the checkout's results/
     run_snakemake(config, workdir)
+    return workdir / "results"
+
+
+@pytest.fixture(scope="session")
+def small_results(tmp_path_factory) -> Path:
+    """The whole DAG on .test/config/small.yaml (one behaviour, one layer), once per session."""
+    workdir = tmp_path_factory.mktemp("small-run")
+    run_snakemake(load_test_config("small"), workdir)
     return workdir / "results"

@@ -140,15 +140,18 @@ def plot(scores: pd.DataFrame, table: pd.DataFrame, title: str):
 
 def run(config: dict, behaviour: str, prompts_path: Path | str, model_json: Path | str,
         out_json: Path | str, out_parquet: Path | str, out_figure: Path | str) -> dict:  # fmt: skip
-    """The stage: score one behaviour's prompts and write the summary, rows and figure."""
-    from circuitflow.model.load import load_model, read_model_json
+    """The stage: score one behaviour's prompts and write the summary, rows and figure (the
+    model in float32, whatever `model.dtype` says: bf16 would round logit differences)."""
+    from circuitflow.devices import precise_math
+    from circuitflow.model.load import load_for_analysis, read_model_json
     from circuitflow.prompts import read_prompts
 
     model_dir = Path(model_json).parent
     prompts = read_prompts(prompts_path)
-    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    model = load_for_analysis(model_dir, config["device"])
     opts = config["baseline"]
-    summary, scores, table = score(model, prompts, opts["batch_size"], opts["calibration_bins"])
+    with precise_math():
+        summary, scores, table = score(model, prompts, opts["batch_size"], opts["calibration_bins"])
     summary |= {
         "behaviour": behaviour,
         "model_weights_sha256": read_model_json(model_dir)["weights_sha256"],

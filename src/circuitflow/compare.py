@@ -32,6 +32,9 @@ SAE_KEYS = ("l0", "explained_variance", "dead_fraction", "ce_loss_recovered", "t
 INTERVENTION_KEYS = (
     "faithfulness",
     "completeness",
+    "faithfulness_heldout",
+    "completeness_heldout",
+    "faithfulness_auc",
     "random_faithfulness",
     "random_completeness",
     "smallest_faithful_size",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from circuitflow.errors import ConfigError
@@ -30,8 +33,27 @@ def resolve_dtype(spec: str, device: str) -> torch.dtype:
 
 
 def enable_fast_math(device: str) -> None:
-    """TF32 matmuls on Ampere+ (a free ~2x over fp32 with no visible accuracy cost here)."""
+    """TF32 matmuls on Ampere+ (a free ~2x over fp32): for throughput work (capture, SAE
+    training), never for a number a user reads (see precise_math)."""
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.set_float32_matmul_precision("high")
+        set_tf32(True)
+
+
+def set_tf32(enabled: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+@contextmanager
+def precise_math() -> Iterator[None]:
+    """Full float32 matmuls (TF32 off) inside the block: TF32 keeps 10 mantissa bits, enough to
+    train on, too few for a loss difference or a patching effect a user reads."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    set_tf32(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        torch.set_float32_matmul_precision(precision)

@@ -375,11 +375,8 @@ def estimate_attribution(
     device: str,
     method: str = "ig",
 ) -> Estimate:
-    """Peak memory of the attribution stage per prompt (`method` atp or ig).
-
-    Integrated gradients for heads runs one copy of the batch per head through the forward and
-    backward, so with `ig` a prompt costs n_heads times the gradient pass of `atp`.
-    """
+    """Peak memory of the attribution stage per prompt (`method` atp or ig: integrated
+    gradients runs its steps one after another, each the gradient pass of `atp`)."""
     c = dtype_bytes(compute_dtype)
     t = prompt_length
     d, h, dh, _kv, m, v = _model_dims(model_cfg)
@@ -393,8 +390,6 @@ def estimate_attribution(
     per_token = model_cfg.n_layers * layer + ATTRIBUTION_TOKEN_RESID[norm] * d
     per_prompt = t * per_token * c + ATTRIBUTION_LOGITS * t * v * c
     per_prompt += int(ATTRIBUTION_SAE * n_saes * t * d_sae * 4)  # SAEs run in fp32
-    if method == "ig":
-        per_prompt *= h
     gated = getattr(model_cfg, "gated_mlp", False)
     copies = ATTRIBUTION_WO_COPIES * h * dh * d if norm == "LN" else h * dh * d
     copies += 3 * d * m if gated else 0

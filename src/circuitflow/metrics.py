@@ -16,3 +16,11 @@ def logit_diff(
     last = logits[:, -1].float()
     rows = torch.arange(len(answer), device=last.device)
     return last[rows, answer] - last[rows, distractor]
+
+
+def next_token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy [b, p - 1] of predicting tokens[:, 1:], from float32 logits (as
+    TransformerLens's `return_type="loss"`, which works in the model's dtype: bfloat16 losses
+    fall on a 1/128 grid once averaged)."""
+    logp = logits[:, :-1].float().log_softmax(-1)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)

@@ -8,6 +8,8 @@ elementwise ops are left out. Roofline share = FLOPs per token x measured tokens
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -82,24 +84,31 @@ def spliced_sae_flops_per_token(d_in: int, d_sae: int) -> float:
     return 6.0 * d_in * d_sae
 
 
-def attribution_passes(model_cfg, n_saes: int, acfg) -> dict[str, float]:
-    """Forward-pass equivalents per prompt of each part of the attribution stage with config
-    `acfg` (attribution.AttributionConfig), read off the loops in attribution.py and
-    circuit_graph.py. A backward with frozen weights computes only input gradients: about one
-    forward. Edges assume every graph node but the first has upstream nodes (an upper bound).
+def attribution_passes(
+    model_cfg, n_saes: int, acfg, n_prompts: int, d_sae: int | None = None
+) -> dict[str, float]:
+    """Forward-pass equivalents per prompt of each part of the attribution stage (the parts its
+    PassCounter names), for `n_prompts` prompts and config `acfg` (AttributionConfig), read off
+    the loops of attribution/scores.py and attribution/graph.py. A backward with frozen weights
+    computes input gradients only: it counts two forwards. Exact patching, edges and their
+    validation run on the validation prompts only; they are upper bounds where the work
+    depends on the scores (features that never move, nodes without upstream nodes).
     """
     layers, heads = model_cfg.n_layers, model_cfg.n_heads
-    parts = {"fast": 4.0}  # corrupted forward, clean forward + backward, corrupted metric
-    if acfg.method == "ig":
-        other_groups = 1 + layers + n_saes  # embedding, MLPs, SAEs
-        parts["ig"] = acfg.ig_steps * 2.0 * (other_groups + layers * heads)
-    do_heads = acfg.exact_heads is True or (acfg.exact_heads == "auto" and layers * heads <= 512)
-    exact = (layers * heads + layers + 1) if do_heads else 0
-    if acfg.exact_features > 0:
-        exact += n_saes * (1 + acfg.exact_features)
-    if exact:
-        parts["exact"] = 2.0 + exact  # corrupted and clean forwards, one per node
-    parts["edges"] = 3.0 + acfg.max_graph_nodes
+    gradients = 3.0 * (acfg.ig_steps if acfg.method == "ig" else 1)  # forward + backward
+    parts = {acfg.method: 2.0 + gradients - (1.0 if acfg.method == "atp" else 0.0)}
+    share = min(acfg.validation_prompts, n_prompts) / max(n_prompts, 1)
+    features = acfg.validation_features
+    if d_sae is not None:
+        features = min(features, n_saes * d_sae)
+    exact = 1 + layers + n_saes + min(acfg.validation_heads, layers * heads) + features
+    parts["exact"] = share * (2.0 + exact)  # corrupted and clean forwards, one per node
+    # Corrupted forward, the gradients (ig: after a clean forward), one cut forward per node.
+    clean = 1.0 if acfg.method == "ig" else 0.0
+    parts["edges"] = share * (1.0 + clean + gradients + acfg.max_graph_nodes)
+    if acfg.validation_edges:
+        # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
+        parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
     return parts
 
 
@@ -115,3 +124,40 @@ def attribution_forward_flops_per_prompt(
 
 def roofline_share(flops_per_item: float, items_per_s: float, peak: float) -> float:
     return flops_per_item * items_per_s / peak
+
+
+class PassCounter:
+    """Forward-pass equivalents a stage spent, by part, counted where the passes happen: a
+    forward over a batch of B prompts counts B (a partial one, through `fraction` of the
+    layers, B x fraction), a backward 2B. Divided by the stage's prompts (or contexts), it is a
+    cost that compares across machines and grows visibly with the work."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+        self.current = "other"
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        previous, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def forward(self, batch: int, fraction: float = 1.0) -> None:
+        self.parts[self.current] = self.parts.get(self.current, 0.0) + batch * fraction
+
+    def backward(self, batch: int, fraction: float = 1.0) -> None:
+        self.forward(batch, 2 * fraction)
+
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def summary(self, n_items: int) -> dict:
+        """`forward_equivalents_per_prompt` and its breakdown by part, per item."""
+        n = max(n_items, 1)
+        return {
+            "forward_equivalents_per_prompt": self.total() / n,
+            "forward_equivalents_by_part": {k: v / n for k, v in self.parts.items()},
+            "forward_equivalents_total": self.total(),
+        }

@@ -342,6 +342,13 @@ def by_length(token_lists) -> list[np.ndarray]:
     return [np.asarray(rows) for rows in groups.values()]
 
 
+def selection_half(prompts: pd.DataFrame) -> np.ndarray:
+    """True for the prompts circuits are chosen on (even `prompt_id`), False for the held-out
+    half they are scored on (odd). Prompt ids follow generation order, so the halves are two
+    random halves of the behaviour; attribution and interventions split alike."""
+    return (prompts["prompt_id"].to_numpy() % 2) == 0
+
+
 def read_prompts(path: Path | str) -> pd.DataFrame:
     """A prompts parquet, checked against the contract (columns, equal clean/corrupted lengths)."""
     path = Path(path)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from helpers.schemas import check_graph_schema
-from helpers.spliced import N_HEADS, N_LAYERS, tiny_spliced
+from helpers.spliced import D_SAE, N_HEADS, N_LAYERS, tiny_spliced
 
 from circuitflow.attribution import graph as circuit_graph
 from circuitflow.attribution import scores as attr
 from circuitflow.attribution import splice
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.page import graph_html
+from circuitflow.nodes import Node, hook_name
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +51,20 @@ def test_splice_keeps_gradients_of_the_plain_model(tiny):
 
 
 @pytest.mark.parametrize("method", ["atp", "ig"])
-def test_fast_methods_against_exact(tiny, method):
+def test_fast_methods_agree_with_exact_patching_kind_by_kind(tiny, method):
+    """Every feature of both SAEs patched exactly: the fast scores rank features (and the whole
+    node set) as exact patching does."""
     model, saes, prompts = tiny
-    cfg = AttributionConfig(method=method, ig_steps=16, exact_features=4, batch_size=4)
+    every = N_LAYERS * D_SAE
+    cfg = AttributionConfig(method=method, ig_steps=16, validation_features=every, batch_size=4)
     scores = attr.attribute(model, prompts, saes, cfg)
     frame = scores.frame
     assert {"head", "mlp", "embedding", "feature", "error"} <= set(frame["kind"])
-    heads = frame[frame["kind"] == "head"]
-    assert len(heads) == N_LAYERS * N_HEADS and heads["score_exact"].notna().all()
+    assert frame["score_exact"].notna().all()
     val = attr.validation(frame, method, 0.8)
-    assert val["n_nodes"] >= N_LAYERS * N_HEADS + N_LAYERS + 1
-    if method == "ig":
-        # Per-head IG integrates the head's own patch: it converges to exact patching.
-        np.testing.assert_allclose(heads["score_ig"], heads["score_exact"], atol=0.05, rtol=0.05)
-        emb = frame[frame["kind"] == "embedding"].iloc[0]
-        assert emb["score_ig"] == pytest.approx(emb["score_exact"], rel=0.05, abs=0.05)
-        assert val["spearman"] > 0.8
+    assert val["by_kind"]["feature"]["n_nodes"] == N_LAYERS * D_SAE
+    assert val["by_kind"]["feature"]["spearman"] >= 0.85, val
+    assert val["spearman"] >= 0.85 and val["passed"] is True
     # Embedding patch = the whole clean - corrupted difference.
     emb = frame[frame["kind"] == "embedding"].iloc[0]
     assert emb["score_exact"] == pytest.approx(
@@ -77,25 +72,120 @@ def test_fast_methods_against_exact(tiny, method):
     )
 
 
-def test_graph_schema_pruning_and_html(tiny, tmp_path):
+def test_feature_scores_follow_the_chain_rule(tiny):
+    """AtP of feature f at an SAE = sum over positions of (W_dec[f] . dm/dx)(f_clean - f_corr),
+    with dm/dx the plain model's gradient at the SAE's hook (the splice leaves the model's
+    function unchanged): computed here with TransformerLens's own hooks, not the splice."""
     model, saes, prompts = tiny
-    cfg = AttributionConfig(method="atp", exact_features=0, max_graph_nodes=10)
+    hook = hook_name("resid_post", 0)
+    sae = saes[hook]
+    clean, corr = (torch.tensor(np.stack(prompts[c])) for c in ("clean_tokens", "corrupted_tokens"))
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    store = {}
+
+    def keep(act, hook):
+        store["x"] = act.detach().requires_grad_(True)
+        return store["x"]
+
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(hook, keep)]):
+        logits = model(clean)
+        splice.logit_diff(logits, ans, dis).sum().backward()
+    x, grad = store["x"].detach(), store["x"].grad
+    _, cache = model.run_with_cache(corr, names_filter=hook)
+    delta = sae.encode(x) - sae.encode(cache[hook])
+    expected = (torch.einsum("bpd,fd->bpf", grad, sae.W_dec) * delta).sum((0, 1)) / len(prompts)
+    frame = attr.attribute(model, prompts, saes, AttributionConfig(method="atp")).frame
+    ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")["score_atp"]
+    assert expected.abs().max() > 1e-3  # features that move the metric
+    np.testing.assert_allclose(ours.to_numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
+
+
+def test_bos_bypass_zeroes_features_at_bos_and_keeps_the_logits(tiny):
+    model, saes, prompts = tiny
+    tokens = torch.tensor(np.stack(prompts["clean_tokens"]))
+    sp = splice.Spliced.of(model, saes, bypass_bos=True)
+    with torch.no_grad():
+        run = sp.run(tokens)
+        plain = model(tokens)
+    torch.testing.assert_close(run.logits, plain, atol=1e-5, rtol=1e-5)
+    for hook in saes:
+        feats = run.acts[hook + ".sae:feats"]
+        assert (feats[:, 0] == 0).all() and (feats[:, 1:] > 0).any()
+
+
+def test_edges_are_direct_effects_and_agree_with_exact_direct_paths(tiny):
+    """Edges against an exact reference written here with TransformerLens hooks: feature f of
+    the layer-0 SAE -> head (1, h) is f's change carried into layer 1's attention alone (the
+    other layer-0 nodes held clean), then that head's new output set in the clean run. The
+    last SAE's features -> logit is their whole effect (no node lies after them). Over the top
+    edges the fast (integrated-gradient) weights rank as the exact ones do. (Attribution
+    patching agrees less on this random model: linearised through LayerNorm, an error node's
+    direct effect on the logits comes out 25 times too large.)"""
+    model, saes, prompts = tiny
+    # Every node of the tiny model in the graph, so every kind of pair is there.
+    cfg = AttributionConfig(
+        method="ig",
+        ig_steps=8,
+        validation_features=N_LAYERS * D_SAE,
+        node_threshold=1.0,
+        max_graph_nodes=200,
+    )
     scores = attr.attribute(model, prompts, saes, cfg)
     frame = attr.with_score(scores.frame, cfg.method)
     nodes = circuit_graph.select_nodes(frame, cfg)
-    assert 1 <= len(nodes) <= 10
-    edges = circuit_graph.compute_edges(model, prompts, saes, scores.groups, nodes, cfg)
-    meta = {
-        "method": "atp",
-        "metric_clean": scores.metric_clean,
-        "metric_corrupted": scores.metric_corrupted,
-        "validation": {"spearman": None},
-    }
-    graph = circuit_graph.build_graph(nodes, edges, cfg, N_LAYERS, meta)
-    check_graph_schema(graph)
-    page = graph_html(graph, "tiny")
-    assert "<svg" in page and "src=" not in page and "href=" not in page
-    json.dumps(graph)
+    sp = scores.spliced
+    edges = circuit_graph.compute_edges(sp, prompts, nodes, cfg)
+    feats0 = nodes[(nodes["kind"] == "feature") & (nodes["layer"] == 0)]
+    feats1 = nodes[(nodes["kind"] == "feature") & (nodes["layer"] == 1)]
+    pairs = [(u, f"head.1.{h}") for u in feats0["id"][:4] for h in range(N_HEADS)]
+    pairs += [(u, "logit") for u in feats1["id"][:4]]
+    exact = circuit_graph.exact_edges(sp, prompts, nodes, pairs, cfg)
+    clean, corr = (torch.tensor(np.stack(prompts[c])) for c in ("clean_tokens", "corrupted_tokens"))
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    m_clean = splice.logit_diff(model(clean), ans, dis)
+    for u, d in pairs:
+        f = Node.parse(u)
+        if d == "logit":
+            row = frame[(frame["kind"] == "feature") & (frame["layer"] == f.layer)]
+            whole = row[row["index"] == f.index]["score_exact"].iloc[0]
+            assert exact[(u, d)] == pytest.approx(whole, abs=1e-4), (u, d)
+            continue
+        head = Node.parse(d)
+        if f.layer != 0 or head.layer != 1:
+            continue
+        moved = _direct_feature_to_head(model, saes, clean, corr, f, head)
+        expected = (m_clean - splice.logit_diff(moved, ans, dis)).mean().item()
+        assert exact[(u, d)] == pytest.approx(expected, abs=1e-4), (u, d)
+    validation = circuit_graph.validate_edges(sp, prompts, nodes, edges, cfg)
+    assert validation["n_edges"] >= 16 and validation["spearman"] >= 0.8, validation
+
+
+def _direct_feature_to_head(model, saes, clean, corr, f: Node, head: Node) -> torch.Tensor:
+    """Logits of the clean run with head (1, h) recomputed from layer 1's input in which only
+    feature f of the layer-0 SAE moved to its corrupted value."""
+    sae = saes[hook_name("resid_post", 0)]
+    hook = hook_name("resid_post", 0)
+    _, c = model.run_with_cache(clean, names_filter=hook)
+    _, k = model.run_with_cache(corr, names_filter=hook)
+    a_clean, a_corr = sae.encode(c[hook])[..., f.index], sae.encode(k[hook])[..., f.index]
+    moved_in = c[hook] + (a_corr - a_clean)[..., None] * sae.W_dec[f.index]
+    z_hook = f"blocks.{head.layer}.attn.hook_z"
+    store = {}
+
+    def record(act, hook):
+        store["z"] = act.detach().clone()
+
+    with model.hooks(fwd_hooks=[(hook_name("resid_pre", 1), lambda act, hook: moved_in),
+                                (z_hook, record)]):  # fmt: skip
+        model(clean)
+
+    def set_head(act, hook):
+        act = act.clone()
+        act[:, :, head.index] = store["z"][:, :, head.index]
+        return act
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[(z_hook, set_head)]):
+        return model(clean)
 
 
 def test_cumulative_keep():
@@ -103,3 +193,40 @@ def test_cumulative_keep():
     assert sorted(circuit_graph.cumulative_keep(values, 0.8).tolist()) == [1, 2]
     assert len(circuit_graph.cumulative_keep(values, 1.0)) == 5
     assert circuit_graph.cumulative_keep(values, 1.0, cap=2).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("method", ["atp", "ig"])
+def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
+    """perf.attribution_passes (what the GPU-hours estimate charges) against the count the
+    stage keeps where it runs the model: equal where the work is fixed by the config, an upper
+    bound where it depends on the scores."""
+    from dataclasses import replace
+
+    from circuitflow import perf
+    from circuitflow.attribution import stage
+
+    model, saes, prompts = tiny
+    cfg = AttributionConfig(
+        method=method,
+        ig_steps=4,
+        batch_size=3,
+        validation_prompts=4,
+        validation_heads=3,
+        validation_features=5,
+        validation_edges=6,
+        max_graph_nodes=7,
+    )
+    scored = stage.score(model, prompts, saes, cfg, "tiny")
+    meta = {"seconds": {}}
+    graph = stage.build_graph(prompts, scored, cfg, meta)
+    counted = scored.scores.spliced.counter.summary(len(prompts))["forward_equivalents_by_part"]
+    n_nodes = sum(node["id"] != "logit" for node in graph["nodes"])
+    planned = perf.attribution_passes(
+        model.cfg, len(saes), replace(cfg, max_graph_nodes=n_nodes), len(prompts), D_SAE
+    )
+    assert set(counted) == set(planned)
+    for part in (method, "exact", "edges"):
+        assert counted[part] == pytest.approx(planned[part]), part
+    share = cfg.validation_prompts / len(prompts)
+    assert share * (2 + cfg.validation_edges) < counted["edge_validation"]
+    assert counted["edge_validation"] <= planned["edge_validation"]

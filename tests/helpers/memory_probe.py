@@ -117,7 +117,7 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
          "distractor_id": rng.integers(1, 1000, n_prompts)}
     )  # fmt: skip
     acfg = AttributionConfig(
-        method=method, ig_steps=1, exact_heads=False, exact_features=0, batch_size=n_prompts
+        method=method, ig_steps=1, validation_heads=0, validation_features=0, batch_size=n_prompts
     )
     with memory.PeakMeter("cpu") as meter:
         attr.attribute(model, prompts, saes, acfg)

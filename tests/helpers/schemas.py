@@ -32,7 +32,9 @@ HEAD_COLUMNS = {
 }  # fmt: skip
 CIRCUIT_COLUMNS = {
     "ablation", "circuit", "n", "draw", "faithfulness", "faithfulness_std", "completeness",
-    "completeness_std", "m_circuit", "m_complement", "m_full", "m_empty", "nodes",
+    "completeness_std", "faithfulness_heldout", "faithfulness_heldout_std",
+    "completeness_heldout", "completeness_heldout_std", "m_circuit", "m_complement", "m_full",
+    "m_empty", "nodes",
 }  # fmt: skip
 SET_COLUMNS = {"ablation", "set", "size", "heads", "layer", "head", "score", "score_std",
                "drop_frac", "additive", "interaction", "accuracy_change"}  # fmt: skip
@@ -47,7 +49,10 @@ SUMMARY_KEYS = {
     "random_completeness", "faithfulness_curve", "completeness_curve", "seeds", "n_prompts",
     "logit_diff_clean", "logit_diff_empty", "top_heads", "seconds", "circuit_nodes", "n_nodes",
     "n_nodes_by_kind", "smallest_faithful_fraction", "smallest_faithful_by_kind",
-    "random_faithfulness_at_smallest", "graph_circuit",
+    "random_faithfulness_at_smallest", "graph_circuit", "faithfulness_heldout",
+    "completeness_heldout", "faithfulness_auc", "faithfulness_auc_selection",
+    "faithfulness_curve_heldout", "completeness_curve_heldout", "n_prompts_selection",
+    "n_prompts_heldout", "random_faithfulness_heldout", "random_completeness_heldout",
 }  # fmt: skip
 
 

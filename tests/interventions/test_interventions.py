@@ -22,9 +22,10 @@ from circuitflow.attribution import splice
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.interventions import circuits, stats
 from circuitflow.interventions import stage as iv_stage
-from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.ablation import Intervener, Request
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.nodes import Node, component_nodes, hook_name
+from circuitflow.prompts import selection_half
 
 N_PROMPTS = 12
 
@@ -103,6 +104,48 @@ def test_head_ablation_kinds_match_a_hand_written_hook(tiny, kind):
     out = Intervener(model, prompts, kind, batch_size=5).run([Node("head", 1, head)], seed=7)
     np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
     assert not np.allclose(expected, logit_diff_with(model, prompts, []))
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean", "resample"])
+def test_runs_stacked_in_one_pass_equal_runs_made_one_by_one(tiny, kind):
+    """Copy k of a stacked pass carries run k's ablation and nothing else: heads, a whole MLP,
+    features with the error term, steering and resample seeds, mixed in one pass."""
+    model, saes, prompts = tiny
+    hook = hook_name("resid_post", 0)
+    vec = torch.randn(D_MODEL, generator=torch.Generator().manual_seed(3))
+    requests = [
+        Request(frozenset({Node("head", 1, 1)}), seed=1),
+        Request(frozenset({Node("head", 1, 1), Node("head", 0, 0)}), seed=2),
+        Request(frozenset({Node("mlp", 0)}), seed=1),
+        Request(),
+        Request(
+            frozenset({Node("feature", 0, 3, "resid_post"), Node("error", 0, -1, "resid_post")})
+        ),
+        Request(frozenset({Node("feature", 0, 5, "resid_post")}), steer=((hook, 2.0 * vec),)),
+        Request(frozenset({Node("head", 1, 1)}), seed=2),
+    ]
+
+    def intervener(runs_per_pass):
+        return Intervener(
+            model, prompts, kind, batch_size=5, saes=saes, runs_per_pass=runs_per_pass
+        )
+
+    stacked = intervener(4)
+    together = stacked.run_many(requests)
+    alone = [intervener(1).run(r.nodes, r.seed, r.steer) for r in requests]
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_allclose(a.logit_diff, b.logit_diff, atol=1e-4)
+        np.testing.assert_array_equal(a.top_token, b.top_token)
+        np.testing.assert_allclose(a.mean_logits, b.mean_logits, atol=1e-4)
+    assert len({tuple(o.logit_diff.round(4)) for o in together}) > 3  # the runs differ
+    # 7 runs, 4 per pass: 2 passes over the 12 prompts (references excluded).
+    ablated = stacked.counter.total() - reference_passes(stacked)
+    assert ablated == 7 * N_PROMPTS
+
+
+def reference_passes(iv) -> float:
+    """Forward equivalents spent on reference activations (means, corrupted prompts)."""
+    return sum(len(v) for k, v in iv._ref.items() if k[0] == "acts")
 
 
 def test_mean_reference_corrupted_and_whole_components(tiny):
@@ -188,13 +231,16 @@ def test_feature_set_and_error_ablation_equal_one_spliced_forward(tiny, kind):
 
 
 def test_ranked_nodes_mix_components_features_and_errors():
+    """Ranked by the selection half's score (`score`, over every prompt, would order the
+    embedding first: ranking by it would let the held-out half choose the circuit)."""
     components = pd.DataFrame(
         {"kind": ["embedding", "head", "mlp"], "layer": [-1, 0, 0], "index": [-1, 1, -1],
-         "score": [0.5, -3.0, 0.0]}
+         "score": [50.0, -3.0, 0.0], "score_selection": [0.5, -3.0, 0.0]}
     )  # fmt: skip
     features = pd.DataFrame(
         {"site": ["resid_post"] * 3, "layer": [0, 0, 0], "feature": [4, 7, -1],
-         "kind": ["feature", "feature", "error"], "score": [2.0, 9.0, 0.25]}
+         "kind": ["feature", "feature", "error"], "score": [0.0, 0.0, 0.0],
+         "score_selection": [2.0, 9.0, 0.25]}
     )  # fmt: skip
     # Feature 7 is scored but does not fire on the prompts; feature 5 fires but is unscored.
     active = {("resid_post", 0): np.array([4, 5])}
@@ -226,28 +272,44 @@ def test_steering_adds_the_vector_after_bos(tiny):
     np.testing.assert_allclose(out.logit_diff, expected, atol=1e-5)
 
 
-def test_circuit_curve_end_points_and_seeds(tiny):
-    """Empty circuit: faithfulness 0, completeness 0; the whole model: both 1. Reruns give the
-    same numbers; resample ablation differs between seeds."""
-    model, _, prompts = tiny
+def test_circuit_curves_split_the_prompts_and_match_random_circuits_by_kind(tiny):
+    """Faithfulness on each half against the Intervener's own runs restricted to that half;
+    random circuits with the top circuit's make-up; the same numbers on a rerun; resample
+    ablation differs between seeds."""
+    model, saes, prompts = tiny
     cfg = InterventionsConfig(n_random_circuits=3, n_seeds=2)
     ranked = component_nodes(N_LAYERS, N_HEADS)
+    ranked = [ranked[3], ranked[0], ranked[5], *ranked[1:3], ranked[4], *ranked[6:]]
     sizes = circuits.circuit_sizes(len(ranked), cfg, [])
-    assert sizes == list(range(len(ranked) + 1))
+    selection = selection_half(prompts)
+    assert 0 < selection.sum() < len(prompts)
 
     def curves():
         runs = stats.Runs(Intervener(model, prompts, "mean"), stats.seeds_for(cfg, 0))
-        return circuits.circuit_curves(runs, ranked, sizes, cfg, 0)
+        return circuits.circuit_curves(runs, ranked, sizes, cfg, 0, selection)
 
     c = curves()
-    top = c[c["circuit"] == "top"].set_index("n")
-    assert top.loc[0, "faithfulness"] == pytest.approx(0, abs=1e-9)
-    assert top.loc[0, "completeness"] == pytest.approx(0, abs=1e-9)
-    assert top.loc[len(ranked), "faithfulness"] == pytest.approx(1)
-    assert top.loc[len(ranked), "completeness"] == pytest.approx(1)
-    rand = c[c["circuit"] == "random"]
-    assert (rand.groupby("n").size() == 3).all()
-    assert (rand["nodes"].map(len) == rand["n"]).all()
+    iv = Intervener(model, prompts, "mean")
+    full, empty = iv.run(()).logit_diff, iv.run(ranked).logit_diff
+    for n in (2, 4):
+        kept = iv.run(ranked[n:]).logit_diff  # everything but the top-n circuit ablated
+        rand = c[(c["circuit"] == "random") & (c["n"] == n)]
+        assert len(rand) == 3
+        for nodes in rand["nodes"]:
+            kinds = sorted(Node.parse(i).kind for i in nodes)
+            assert kinds == sorted(node.kind for node in ranked[:n])
+        row = c[(c["circuit"] == "top") & (c["n"] == n)].iloc[0]
+        for mask, column in ((~selection, "faithfulness_heldout"), (selection, "m_circuit")):
+            m_full, m_empty, m_c = (x[mask].mean() for x in (full, empty, kept))
+            if column == "m_circuit":
+                # One seed's bootstrap resample of the selection half: near the half's mean.
+                assert row["m_full"] == pytest.approx(m_full, abs=0.5 * abs(m_full) + 0.1)
+                continue
+            whole = rand.iloc[0]  # random circuits: the whole half, not a resample
+            pick = [Node.parse(i) for i in whole["nodes"]]
+            kept_r = iv.run([x for x in ranked if x not in pick]).logit_diff[mask].mean()
+            expected = (kept_r - m_empty) / (m_full - m_empty)
+            assert whole[column] == pytest.approx(expected, rel=1e-6)
     pd.testing.assert_frame_equal(c, curves())
 
     resample = stats.Runs(Intervener(model, prompts, "resample"), [0, 1])
@@ -255,6 +317,18 @@ def test_circuit_curve_end_points_and_seeds(tiny):
     assert not np.allclose(a.logit_diff, b.logit_diff)
     eff = resample.effect([Node("mlp", 0)], 0.95)
     assert eff["score_ci_low"] <= eff["score_ci_high"] and eff["score_std"] > 0
+
+
+def test_faithfulness_auc_is_the_mean_over_log_size():
+    n = np.array([0, 1, 2, 4, 8, 16])
+    top = pd.DataFrame({"circuit": "top", "n": n})
+    always = top.assign(faithfulness=1.0)
+    assert circuits.faithfulness_auc(always, 16, "faithfulness") == pytest.approx(1.0)
+    # Linear in log n from 0 at n = 1 to 1 at n = 16: half the area.
+    linear = top.assign(faithfulness=np.log(np.maximum(n, 1)) / np.log(16))
+    assert circuits.faithfulness_auc(linear, 16, "faithfulness") == pytest.approx(0.5)
+    late = top.assign(faithfulness=(n >= 16).astype(float))  # faithful only when whole
+    assert circuits.faithfulness_auc(late, 16, "faithfulness") == pytest.approx(0.125)
 
 
 def test_statistics():
@@ -268,7 +342,7 @@ def test_statistics():
 
 def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     model, saes, prompts = tiny
-    acfg = AttributionConfig(method="atp", exact_features=0)
+    acfg = AttributionConfig(method="atp", validation_features=0)
     scores = attr.attribute(model, prompts, saes, acfg)
     frame = attr.with_score(scores.frame, "atp")
     adir = tmp_path / "attribution" / "b"
@@ -290,19 +364,38 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     assert kinds["head"] == N_LAYERS * N_HEADS and kinds["mlp"] == N_LAYERS
     assert kinds["error"] == N_LAYERS and 0 < kinds["feature"] <= N_LAYERS * 32
     assert summary["n_nodes"] == sum(kinds.values())
-    # No size configured: the smallest faithful one, found exactly by bisection.
+    # No size configured: the smallest faithful one on the selection half, and how it does on
+    # the held-out half, read from the curves table.
     n = summary["smallest_faithful_size"]
-    assert summary["circuit_size"] == n and summary["circuit_size_source"] == "smallest faithful"
+    assert summary["circuit_size"] == n
+    assert summary["circuit_size_source"] == "smallest faithful on the selection half"
     assert len(summary["circuit"]) == n == sum(summary["smallest_faithful_by_kind"].values())
-    curve = {int(k): v for k, v in summary["faithfulness_curve"].items()}
-    assert curve[n] >= cfg.faithfulness_threshold
-    assert n == 0 or curve[n - 1] < cfg.faithfulness_threshold, curve
+    halves = (summary["n_prompts_selection"], summary["n_prompts_heldout"])
+    assert halves == (N_PROMPTS // 2, N_PROMPTS // 2)
     assert summary["graph_circuit"]["nodes"] == ["head.0.1", "mlp.1"]
     on_disk = check_outputs(out, N_LAYERS, N_HEADS)
     assert on_disk["faithfulness"] == pytest.approx(summary["faithfulness"])
-    circuits = pd.read_parquet(out / "circuits.parquet")
-    assert (circuits[circuits["circuit"] == "random"]["n"] == n).sum() == cfg.n_random_circuits
-    assert (circuits["circuit"] == "graph").sum() == 1
+    table = pd.read_parquet(out / "circuits.parquet")
+    at_n = table[(table["circuit"] == "top") & (table["n"] == n)].iloc[0]
+    assert summary["faithfulness_heldout"] == pytest.approx(at_n["faithfulness_heldout"])
+    assert summary["completeness_heldout"] == pytest.approx(at_n["completeness_heldout"])
+    assert summary["faithfulness_auc"] == pytest.approx(
+        circuits.faithfulness_auc(table, summary["n_nodes"], "faithfulness_heldout")
+    )
+    assert (table[table["circuit"] == "random"]["n"] == n).sum() == cfg.n_random_circuits
+    assert (table["circuit"] == "graph").sum() == 1
+
+    # No size reaches the threshold: no circuit, and nothing claims a faithfulness.
+    never = InterventionsConfig(**(asdict(cfg) | {"faithfulness_threshold": 100.0}))
+    none = iv_stage.intervene(model, prompts, adir, saes, None, never, "b", tmp_path / "n", 0)
+    assert none["circuit_size"] is None and none["circuit"] is None
+    assert none["smallest_faithful_size"] is None
+    assert none["faithfulness"] is None and none["faithfulness_heldout"] is None
+    assert none["circuit_size_source"].startswith("none: no circuit size reaches")
+    from circuitflow.report.tables import behaviour_sections
+
+    page = str(behaviour_sections(adir, tmp_path / "n"))
+    assert "none: no circuit size is faithful" in page
 
     # Components only, a configured size.
     only = InterventionsConfig(**(asdict(cfg) | {"circuit_nodes": "components",

@@ -16,11 +16,13 @@ class AttributionConfig:
 
     method: str = "ig"  # fast method for every node: atp | ig
     ig_steps: int = 10
-    exact_heads: str | bool = "auto"  # auto: exact patching when the model has <= 512 heads
-    exact_features: int = 16  # top features per SAE (by fast score) also patched exactly
+    validation_prompts: int = 32  # prompts exact patching and edges run on
+    validation_heads: int = 24  # heads patched exactly (top by |fast score|)
+    validation_features: int = 48  # features patched exactly, over every SAE
     batch_size: int = 64
     max_prompts: int | None = None
     spearman_threshold: float = 0.8
+    validation_edges: int = 24  # top edges by |weight| also patched exactly (edge_validation)
     node_threshold: float = 0.8  # cumulative |score| share of nodes kept in the graph
     edge_threshold: float = 0.98  # cumulative |weight| share of edges kept
     max_graph_nodes: int = 40

@@ -6,16 +6,19 @@ SAE feature plus the SAE's error term at each trained (site, layer). A node's sc
 of patching it from the corrupted run into the clean run, signed so that positive means the node
 supports the answer:  score = m(clean) - m(clean with node <- corrupted), averaged over prompts.
 
-Methods:
+Methods (every node of every layer from the same passes):
 * `atp` (attribution patching): g . (a_clean - a_corrupted), g = dm/da on the clean run; one
-  forward/backward pair per batch for every node at once.
-* `ig` (integrated gradients along the clean -> corrupted path, as Marks et al. 2024): for each
-  hook point separately, its activation is set to a_clean + alpha (a_corr - a_clean) at `steps`
-  midpoints alpha, gradients are averaged and dotted with (a_clean - a_corr).
+  forward/backward per batch.
+* `ig` (integrated gradients along the input path, EAP-IG of Hanna et al. 2024): the token
+  embedding moves from clean to corrupted in `ig_steps` steps (midpoints), every node's gradient
+  is averaged along the way and dotted with its (a_clean - a_corrupted); one forward/backward
+  per step for all nodes.
 * `exact` (activation patching): one forward per node; the reference the fast methods are
-  validated against.
+  validated against, kind by kind.
 
-The spliced forward pass the methods run is in `splice.py`.
+Every score is a mean over all prompts (`score_*`) and over the selection half
+(`score_*_selection`, prompts.selection_half), which interventions ranks circuits by, so the
+held-out half stays unseen. The spliced forward pass the methods run is in `splice.py`.
 """
 
 from __future__ import annotations
@@ -36,128 +39,95 @@ from circuitflow.attribution.splice import (
     Batch,
     HookGroup,
     Patch,
-    build_groups,
-    corrupted_acts,
-    forward,
-    group_keys,
+    Spliced,
     iter_batches,
     logit_diff,
     reduce_nodes,
 )
-from circuitflow.nodes import site_layer
+from circuitflow.nodes import EMBED_HOOK
+from circuitflow.prompts import selection_half
 
 log = logging.getLogger(__name__)
 
 
-def atp_batch(model, batch: Batch, groups, saes, corr: dict[str, torch.Tensor]):
+def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor]):
     """Attribution patching on one batch: per key, per-prompt node scores [b, n]; also the clean
     metric [b] and the clean activations (detached)."""
     with torch.enable_grad():
-        run = forward(model, batch.clean, groups, saes)
+        run = sp.run(batch.clean)
         metric = logit_diff(run.logits, batch.answer, batch.distractor)
         keys = list(run.acts)
-        grads = torch.autograd.grad(metric.sum(), [run.acts[k] for k in keys], allow_unused=True)
-    by_key = {g: grp for grp in groups for g in group_keys(grp)}
+        grads = sp.grad(metric.sum(), [run.acts[k] for k in keys], len(metric), allow_unused=True)
+    group_of = sp.group_of
     out = {}
     for k, grad in zip(keys, grads, strict=True):
         clean = run.acts[k].detach()
-        if grad is None:
-            grad = torch.zeros_like(clean)
-        out[k] = reduce_nodes(k, by_key[k], (grad * (clean - corr[k])).float()).detach()
+        grad = torch.zeros_like(clean) if grad is None else grad
+        out[k] = reduce_nodes(k, group_of[k], (grad * (clean - corr[k])).float()).detach()
     return out, metric.detach(), {k: v.detach() for k, v in run.acts.items()}
 
 
-def ig_batch(model, batch: Batch, groups, saes, corr, clean, steps: int):
-    """Integrated gradients per hook point: interpolate that group's activation(s) from clean to
-    corrupted at midpoints, average the gradients there, dot with (clean - corrupted)."""
-    out = {}
-    alphas = [(i + 0.5) / steps for i in range(steps)]
-    for g in groups:
-        if g.kind == "attn":
-            out[g.name] = _ig_heads(model, batch, groups, saes, g, corr, clean, alphas)
-            continue
-        keys = group_keys(g)
-        grad_sum = {k: torch.zeros_like(clean[k]) for k in keys}
-        for alpha in alphas:
-            patches = {}
-            for k in keys:
+def interpolate_embedding(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
+    """A patch that sets the token embedding to clean + alpha (corrupted - clean), keeping the
+    tensor in the graph so its gradient is defined."""
 
-                def patch(act, k=k, alpha=alpha):
-                    # Replace, keeping the tensor in the graph so its gradient is defined.
-                    value = clean[k] + alpha * (corr[k] - clean[k])
-                    return act + (value - act).detach()
+    def patch(act: torch.Tensor) -> torch.Tensor:
+        return act + (clean + alpha * (corr - clean) - act).detach()
 
-                patches[k] = patch
-            with torch.enable_grad():
-                run = forward(model, batch.clean, groups, saes, patches)
-                metric = logit_diff(run.logits, batch.answer, batch.distractor)
-                grads = torch.autograd.grad(
-                    metric.sum(), [run.acts[k] for k in keys], allow_unused=True
-                )
-            for k, grad in zip(keys, grads, strict=True):
-                if grad is not None:
-                    grad_sum[k] += grad.detach()
-        for k in keys:
-            out[k] = reduce_nodes(k, g, (grad_sum[k] / steps * (clean[k] - corr[k])).float())
-    return out
+    return patch
 
 
-def _ig_heads(model, batch: Batch, groups, saes, g: HookGroup, corr, clean, alphas) -> torch.Tensor:
-    """IG for heads, one head at a time: copy h of the batch interpolates head h only. Heads of
-    one layer interact (induction needs the previous-token head AND the induction head), so
-    moving a whole layer's heads together splits credit in ways single-head patching does not."""
-    k = g.name
-    n_heads = clean[k].shape[2]
-    b = clean[k].shape[0]
-    onehot = torch.eye(n_heads, dtype=clean[k].dtype, device=clean[k].device)
-    mask = onehot[:, None, None, :, None]  # [copy, 1, 1, head, 1]
-    c, d = clean[k].unsqueeze(0), (corr[k] - clean[k]).unsqueeze(0)
-    tokens = batch.clean.repeat(n_heads, 1)
-    answer, distractor = batch.answer.repeat(n_heads), batch.distractor.repeat(n_heads)
-    grad_sum = torch.zeros(n_heads, *clean[k].shape, dtype=clean[k].dtype, device=c.device)
-    for alpha in alphas:
-        value = (c + alpha * mask * d).flatten(0, 1)
-
-        def patch(act, value=value):
-            return act + (value - act).detach()
-
+def ig_batch(sp: Spliced, batch: Batch, clean, corr, steps: int):
+    """Integrated gradients along the input path: per key, per-prompt node scores [b, n]; one
+    forward and backward per step for every node of every layer."""
+    keys = list(clean)
+    grad_sum = {k: torch.zeros_like(clean[k]) for k in keys}
+    for i in range(steps):
+        alpha = (i + 0.5) / steps
+        patch = interpolate_embedding(clean[EMBED_HOOK], corr[EMBED_HOOK], alpha)
         with torch.enable_grad():
-            run = forward(model, tokens, groups, saes, {k: patch})
-            metric = logit_diff(run.logits, answer, distractor)
-            (grad,) = torch.autograd.grad(metric.sum(), [run.acts[k]])
-        grad_sum += grad.detach().view(n_heads, b, *clean[k].shape[1:])
-    per_copy = (grad_sum / len(alphas) * -d).float()  # (clean - corr) = -d
-    # Copy h scores head h: [copy, b, p, head, d_head] -> [b, head].
-    per_head = per_copy.sum(dim=(2, 4))  # [copy, b, head]
-    return torch.diagonal(per_head, dim1=0, dim2=2)  # [b, head]
+            run = sp.run(batch.clean, {EMBED_HOOK: patch})
+            metric = logit_diff(run.logits, batch.answer, batch.distractor)
+            grads = sp.grad(
+                metric.sum(), [run.acts[k] for k in keys], len(metric), allow_unused=True
+            )
+        for k, grad in zip(keys, grads, strict=True):
+            if grad is not None:
+                grad_sum[k] += grad.detach()
+    group_of = sp.group_of
+    return {
+        k: reduce_nodes(k, group_of[k], (grad_sum[k] / steps * (clean[k] - corr[k])).float())
+        for k in keys
+    }
 
 
-def _node_patch(key: str, group: HookGroup, index: int, corr: torch.Tensor) -> Patch:
+def node_patch(key: str, group: HookGroup, index: int, value: torch.Tensor) -> Patch:
+    """A patch that sets one node (head `index` of hook_z, feature `index` of an SAE, or the
+    whole tensor of a single-node group) to its value in `value`."""
+
     def patch(act: torch.Tensor) -> torch.Tensor:
         if group.kind == "attn":  # [b, p, head, d_head]
             act = act.clone()
-            act[:, :, index] = corr[:, :, index]
+            act[:, :, index] = value[:, :, index]
             return act
         if key.endswith(":feats"):  # [b, p, d_sae]
             act = act.clone()
-            act[..., index] = corr[..., index]
+            act[..., index] = value[..., index]
             return act
-        return corr.clone()
+        return value.clone()
 
     return patch
 
 
 @torch.no_grad()
-def exact_batch(model, batch, groups, saes, corr, nodes: list[tuple[str, int]]):
+def exact_batch(sp: Spliced, batch: Batch, corr, nodes: list[tuple[str, int]], base=None):
     """Activation patching: one forward per node; per node, the per-prompt drop in the metric."""
-    by_key = {k: grp for grp in groups for k in group_keys(grp)}
-    base = logit_diff(
-        forward(model, batch.clean, groups, saes).logits, batch.answer, batch.distractor
-    )
+    group_of = sp.group_of
+    if base is None:
+        base = logit_diff(sp.run(batch.clean).logits, batch.answer, batch.distractor)
     out = {}
     for key, index in nodes:
-        patch = _node_patch(key, by_key[key], index, corr[key])
-        run = forward(model, batch.clean, groups, saes, {key: patch})
+        run = sp.run(batch.clean, {key: node_patch(key, group_of[key], index, corr[key])})
         out[(key, index)] = (base - logit_diff(run.logits, batch.answer, batch.distractor)).float()
     return out
 
@@ -165,40 +135,84 @@ def exact_batch(model, batch, groups, saes, corr, nodes: list[tuple[str, int]]):
 # --- the whole attribution ------------------------------------------------------------------------
 @dataclass
 class NodeScores:
-    """Mean scores per node, by method: frame with key, kind, layer, index, site, score_* ."""
+    """Mean scores per node: frame with key, kind, layer, index, site, order and the
+    `score_<method>`, `score_exact` columns, each also over the selection half."""
 
     frame: pd.DataFrame
-    groups: list[HookGroup]
+    spliced: Spliced
     metric_clean: float
     metric_corrupted: float
     seconds: dict[str, float]
     n_prompts: int
 
+    @property
+    def groups(self) -> list[HookGroup]:
+        return self.spliced.groups
 
-def node_frame(groups: list[HookGroup], fast: dict[str, np.ndarray], method: str) -> pd.DataFrame:
+
+class Sums:
+    """Per-prompt values summed over all prompts and over the selection half."""
+
+    def __init__(self, selection: np.ndarray):
+        self.selection = selection
+        self.all: dict = {}
+        self.sel: dict = {}
+        self.n = self.n_sel = 0
+
+    def add(self, key, values: torch.Tensor, rows: np.ndarray) -> None:
+        """`values` [b, ...] for the prompts at `rows` of the prompt table."""
+        mask = torch.as_tensor(self.selection[rows], device=values.device)
+        self.all[key] = self.all.get(key, 0) + values.sum(0)
+        self.sel[key] = self.sel.get(key, 0) + values[mask].sum(0)
+
+    def count(self, rows: np.ndarray) -> None:
+        self.n += len(rows)
+        self.n_sel += int(self.selection[rows].sum())
+
+    def means(self) -> tuple[dict, dict]:
+        def mean(sums: dict, n: int) -> dict:
+            return {k: (v / max(n, 1)).cpu().numpy() for k, v in sums.items()}
+
+        return mean(self.all, self.n), mean(self.sel, self.n_sel)
+
+
+def node_frame(groups: list[HookGroup], columns: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
+    """One row per node; `columns` maps a column name to per-key arrays of node values."""
     rows = []
     for g in groups:
-        for key in group_keys(g):
-            values = fast[key]
-            for i, v in enumerate(values):
+        keys = [g.name + ":feats", g.name + ":error"] if g.kind == "sae" else [g.name]
+        for key in keys:
+            n = len(next(iter(columns.values()))[key])
+            for i in range(n):
                 if g.kind == "attn":
                     kind, index = "head", i
                 elif g.kind == "sae":
                     kind, index = ("feature", i) if key.endswith(":feats") else ("error", -1)
                 else:
                     kind, index = g.kind, -1
-                rows.append(
-                    {
-                        "key": key,
-                        "kind": kind,
-                        "layer": g.layer,
-                        "index": index,
-                        "site": g.site,
-                        "order": g.order,
-                        f"score_{method}": float(v),
-                    }
-                )
+                row = {
+                    "key": key,
+                    "kind": kind,
+                    "layer": g.layer,
+                    "index": index,
+                    "site": g.site,
+                    "order": g.order,
+                }
+                rows.append(row | {name: float(v[key][i]) for name, v in columns.items()})
     return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def activation_change(sp: Spliced, clean: dict, corr: dict) -> dict[str, torch.Tensor]:
+    """Per SAE, per prompt, how much the corruption moves each feature: sum over positions of
+    |a_clean - a_corr| times the norm of its decoder row [b, d_sae] (no gradient needed)."""
+    out = {}
+    for g in sp.groups:
+        if g.kind == "sae":
+            key = g.name + ":feats"
+            norms = sp.saes[g.hook].W_dec.norm(dim=1).float()
+            out[key] = (clean[key] - corr[key]).abs().float().sum(1) * norms
+    return out
 
 
 def attribute(
@@ -206,68 +220,74 @@ def attribute(
     prompts: pd.DataFrame,
     saes: dict[str, Any],
     cfg: AttributionConfig,
+    bypass_bos: bool = False,
 ) -> NodeScores:
-    """Score every node with the fast method, and the exact reference where configured."""
-
+    """Score every node with the fast method on every prompt, and patch a bounded set of nodes
+    exactly on the validation prompts (the reference): the embedding, MLPs and error terms, the
+    top `validation_heads` heads and `validation_features` features (exact_node_list)."""
     for p in model.parameters():
         p.requires_grad_(False)
     device = next(model.parameters()).device
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
-    keys = sorted((site_layer(h) for h in saes), key=lambda k: (k[1], k[0]))
-    groups = build_groups(model.cfg.n_layers, keys)
-    sums: dict[str, torch.Tensor] = {}
+    sp = Spliced.of(model, saes, bypass_bos)
+    fast, moved = Sums(selection_half(prompts)), Sums(selection_half(prompts))
     m_clean = m_corr = 0.0
-    n = 0
     t0 = time.perf_counter()
-    batches = list(iter_batches(prompts, cfg.batch_size, device))
-    cache = []
-    for batch in batches:
-        corr = corrupted_acts(model, batch, groups, saes)
-        atp, metric, clean = atp_batch(model, batch, groups, saes, corr)
-        scores = (
-            atp
-            if cfg.method == "atp"
-            else ig_batch(model, batch, groups, saes, corr, clean, cfg.ig_steps)
-        )
-        for k, v in scores.items():
-            sums[k] = sums.get(k, 0) + v.sum(0)
-        with torch.no_grad():
-            mc = logit_diff(
-                forward(model, batch.corrupted, groups, saes).logits, batch.answer, batch.distractor
-            )
-        m_clean += metric.sum().item()
-        m_corr += mc.sum().item()
-        n += len(metric)
-        cache.append(batch)
+    with sp.counter.part(cfg.method):
+        for batch in iter_batches(prompts, cfg.batch_size, device):
+            with torch.no_grad():
+                run_corr = sp.run(batch.corrupted)
+            corr = {k: v.detach() for k, v in run_corr.acts.items()}
+            if cfg.method == "ig":
+                with torch.no_grad():
+                    run = sp.run(batch.clean)
+                clean = {k: v.detach() for k, v in run.acts.items()}
+                metric = logit_diff(run.logits, batch.answer, batch.distractor)
+                scores = ig_batch(sp, batch, clean, corr, cfg.ig_steps)
+            else:
+                scores, metric, clean = atp_batch(sp, batch, corr)
+            for k, v in scores.items():
+                fast.add(k, v, batch.rows)
+            for k, v in activation_change(sp, clean, corr).items():
+                moved.add(k, v, batch.rows)
+            fast.count(batch.rows)
+            m_clean += metric.sum().item()
+            m_corr += logit_diff(run_corr.logits, batch.answer, batch.distractor).sum().item()
     t_fast = time.perf_counter() - t0
-    fast = {k: (v / n).cpu().numpy() for k, v in sums.items()}
-    frame = node_frame(groups, fast, cfg.method)
+    fast_all, fast_sel = fast.means()
+    columns = {f"score_{cfg.method}": fast_all, f"score_{cfg.method}_selection": fast_sel}
+    frame = node_frame(sp.groups, columns)
 
-    exact_nodes = exact_node_list(frame, model.cfg, cfg)
     t0 = time.perf_counter()
-    exact_sum: dict[tuple[str, int], float] = {}
-    if exact_nodes:
-        for batch in cache:
-            corr = corrupted_acts(model, batch, groups, saes)
-            for node, v in exact_batch(model, batch, groups, saes, corr, exact_nodes).items():
-                exact_sum[node] = exact_sum.get(node, 0.0) + v.sum().item()
+    exact_nodes = exact_node_list(frame, cfg, moved.means()[0])
+    exact = Sums(fast.selection)
+    with sp.counter.part("exact"):
+        for batch in iter_batches(validation_prompts(prompts, cfg), cfg.batch_size, device):
+            corr = sp.acts(batch.corrupted)
+            for node, v in exact_batch(sp, batch, corr, exact_nodes).items():
+                exact.add(node, v, batch.rows)
+            exact.count(batch.rows)
+    at = {(k, i): j for j, (k, i) in enumerate(zip(frame["key"], _patch_index(frame), strict=True))}
+    for column, values in zip(("score_exact", "score_exact_selection"), exact.means(), strict=True):
+        filled = np.full(len(frame), np.nan)
+        for node, value in values.items():
+            filled[at[node]] = float(value)
+        frame[column] = filled
     t_exact = time.perf_counter() - t0
-    idx = {
-        (k, i): j for j, (k, i) in enumerate(zip(frame["key"], _patch_index(frame), strict=True))
-    }
-    exact = np.full(len(frame), np.nan)
-    for node, total in exact_sum.items():
-        exact[idx[node]] = total / n
-    frame["score_exact"] = exact
-    return NodeScores(
-        frame,
-        groups,
-        m_clean / n,
-        m_corr / n,
-        {"fast": t_fast, "exact": t_exact},
-        n,
-    )
+    n = fast.n
+    return NodeScores(frame, sp, m_clean / n, m_corr / n, {"fast": t_fast, "exact": t_exact}, n)
+
+
+def validation_prompts(prompts: pd.DataFrame, cfg: AttributionConfig) -> pd.DataFrame:
+    """The first `validation_prompts` prompts of each half, alternating (so both halves of the
+    circuit split have exact scores)."""
+    half = selection_half(prompts)
+    k = cfg.validation_prompts
+    keep = np.zeros(len(prompts), dtype=bool)
+    for mask in (half, ~half):
+        keep[np.flatnonzero(mask)[: (k + 1) // 2 if mask is half else k // 2]] = True
+    return prompts[keep]
 
 
 def _patch_index(frame: pd.DataFrame) -> list[int]:
@@ -276,65 +296,84 @@ def _patch_index(frame: pd.DataFrame) -> list[int]:
 
 
 def exact_node_list(
-    frame: pd.DataFrame, model_cfg, cfg: AttributionConfig
+    frame: pd.DataFrame, cfg: AttributionConfig, moved: dict[str, np.ndarray]
 ) -> list[tuple[str, int]]:
-    nodes: list[tuple[str, int]] = []
-    heads = model_cfg.n_layers * model_cfg.n_heads
-    do_heads = cfg.exact_heads is True or (cfg.exact_heads == "auto" and heads <= 512)
+    """The nodes patched exactly: the embedding, every MLP and every SAE's error term; the top
+    `validation_heads` heads by |fast score|; `validation_features` features over every SAE,
+    half the top by |fast score| and half the top by `moved` (activation_change), whose
+    ranking needs no gradient."""
     fast_col = f"score_{cfg.method}"
-    for row in frame.itertuples():
-        if row.kind in ("head", "mlp", "embedding") and do_heads:
-            nodes.append((row.key, max(int(row.index), 0)))
-        elif row.kind == "error" and cfg.exact_features > 0:
-            nodes.append((row.key, 0))
-    if cfg.exact_features > 0:
-        feats = frame[frame["kind"] == "feature"].copy()
-        feats["abs"] = feats[fast_col].abs()
-        for _, sub in feats.groupby("key"):
-            for row in sub.nlargest(cfg.exact_features, "abs").itertuples():
-                nodes.append((row.key, int(row.index)))
-    return nodes
+    nodes = [(r.key, 0) for r in frame.itertuples() if r.kind in ("embedding", "mlp", "error")]
+    heads = frame[frame["kind"] == "head"]
+    top_heads = heads.reindex(heads[fast_col].abs().sort_values(ascending=False).index)
+    nodes += [(r.key, int(r.index)) for r in top_heads.head(cfg.validation_heads).itertuples()]
+    feats = frame[frame["kind"] == "feature"].copy()
+    feats["moved"] = [float(moved[r.key][int(r.index)]) for r in feats.itertuples()]
+    by_fast = feats.reindex(feats[fast_col].abs().sort_values(ascending=False).index)
+    chosen = [
+        (r.key, int(r.index)) for r in by_fast.head((cfg.validation_features + 1) // 2).itertuples()
+    ]
+    for r in feats.sort_values("moved", ascending=False).itertuples():
+        if len(chosen) >= cfg.validation_features or r.moved <= 0:
+            break
+        if (r.key, int(r.index)) not in chosen:
+            chosen.append((r.key, int(r.index)))
+    return nodes + chosen
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     from scipy.stats import spearmanr
 
     ok = ~(np.isnan(a) | np.isnan(b))
-    if ok.sum() < 3:
+    if ok.sum() < 3 or np.ptp(a[ok]) == 0 or np.ptp(b[ok]) == 0:
         return None
     rho = spearmanr(a[ok], b[ok]).statistic
     return None if math.isnan(rho) else float(rho)
 
 
 def validation(frame: pd.DataFrame, method: str, threshold: float) -> dict[str, Any]:
-    """Rank agreement of the fast method with exact patching, on nodes where both exist."""
+    """Rank agreement of the fast method with exact patching, on the nodes where both exist:
+    over all of them and kind by kind (`by_kind`: heads, features, errors, ...)."""
     fast, exact = frame[f"score_{method}"].to_numpy(), frame["score_exact"].to_numpy()
     both = ~np.isnan(exact)
-    rho = spearman(fast, exact)
+
+    def agreement(mask: np.ndarray) -> dict[str, Any]:
+        rho = spearman(fast[mask], exact[mask])
+        passed = None if rho is None else bool(rho >= threshold)
+        return {"spearman": rho, "n_nodes": int((mask & both).sum()), "passed": passed}
+
+    kinds = sorted(frame.loc[both, "kind"].unique().tolist())
+    by_kind = {k: agreement(frame["kind"].to_numpy() == k) for k in kinds}
+    overall = agreement(np.ones(len(frame), dtype=bool))
     return {
         "method": method,
         "reference": "exact",
-        "n_nodes": int(both.sum()),
-        "spearman": rho,
         "threshold": threshold,
-        "passed": None if rho is None else bool(rho >= threshold),
-        "kinds": sorted(frame.loc[both, "kind"].unique().tolist()),
+        **overall,
+        "kinds": kinds,
+        "by_kind": by_kind,
     }
 
 
 def with_score(frame: pd.DataFrame, method: str) -> pd.DataFrame:
-    """`score`: exact where computed (the reference), else the fast method; `score_source` says
-    which."""
+    """`score` (and `score_selection`): exact where computed (the reference), else the fast
+    method; `score_source` says which."""
     frame = frame.copy()
     exact = frame["score_exact"]
     frame["score"] = exact.where(exact.notna(), frame[f"score_{method}"])
+    exact_sel = frame["score_exact_selection"]
+    frame["score_selection"] = exact_sel.where(exact.notna(), frame[f"score_{method}_selection"])
     frame["score_source"] = np.where(exact.notna(), "exact", method)
     return frame
 
 
+def _scores(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame if c.startswith("score_") and c != "score_source"]
+
+
 def heads_table(frame: pd.DataFrame) -> pd.DataFrame:
     heads = frame[frame["kind"] == "head"].rename(columns={"index": "head"})
-    cols = ["layer", "head", "score", *[c for c in heads if c.startswith("score_")]]
+    cols = ["layer", "head", "score", *_scores(heads), "score_source"]
     heads = heads[cols].sort_values("score", key=np.abs, ascending=False)
     heads["rank"] = np.arange(1, len(heads) + 1)
     return heads.reset_index(drop=True)
@@ -343,14 +382,7 @@ def heads_table(frame: pd.DataFrame) -> pd.DataFrame:
 def features_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Features and each SAE's error node (feature = -1, kind = error)."""
     feats = frame[frame["kind"].isin(["feature", "error"])].rename(columns={"index": "feature"})
-    cols = [
-        "site",
-        "layer",
-        "feature",
-        "kind",
-        "score",
-        *[c for c in feats if c.startswith("score_")],
-    ]
+    cols = ["site", "layer", "feature", "kind", "score", *_scores(feats), "score_source"]
     feats = feats[cols].sort_values("score", key=np.abs, ascending=False)
     feats["rank"] = np.arange(1, len(feats) + 1)
     return feats.reset_index(drop=True)
@@ -358,16 +390,16 @@ def features_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def components_table(frame: pd.DataFrame) -> pd.DataFrame:
     comp = frame[frame["kind"].isin(["embedding", "head", "mlp"])]
-    cols = ["kind", "layer", "index", "score", *[c for c in comp if c.startswith("score_")]]
+    cols = ["kind", "layer", "index", "score", *_scores(comp), "score_source"]
     return comp[cols].sort_values("score", key=np.abs, ascending=False).reset_index(drop=True)
 
 
 # --- memory ---------------------------------------------------------------------------------------
 def plan_batch_size(model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig):
     """The memory plan's batch size (prompts), at most `cfg.batch_size`: the gradient passes hold
-    every layer's activations and every SAE's features, and integrated gradients for heads runs
-    n_heads copies of the batch, so a batch that fits a small model can exceed a GPU on a real
-    one. Batching changes no score (each is a mean over prompts). Returns memory.BatchPlan."""
+    every layer's activations and every SAE's features, so a batch that fits a small model can
+    exceed a GPU on a real one. Batching changes no score (each is a mean over prompts).
+    Returns memory.BatchPlan."""
     params = list(model.parameters())
     device = str(params[0].device)
     length = max((len(t) for t in prompts["clean_tokens"]), default=1)

@@ -24,7 +24,8 @@ import pandas as pd
 import torch
 
 from circuitflow.metrics import logit_diff
-from circuitflow.nodes import EMBED_HOOK, Node, head_hook, hook_name, mlp_hook
+from circuitflow.nodes import EMBED_HOOK, Node, head_hook, hook_name, mlp_hook, site_layer
+from circuitflow.perf import PassCounter
 from circuitflow.prompts import by_length
 
 __all__ = ["logit_diff"]
@@ -64,38 +65,59 @@ Patch = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class Run:
-    """Activations of one forward pass: per group, the tensor that flowed on (in the graph when
-    gradients are on). SAE groups store `feats` [b, p, d_sae] and `error` [b, p, d]."""
+    """One forward pass. `acts`: per key, the node tensor that flowed on (its gradient is the
+    node's). Keys: the hook name of plain groups, `<group>:feats` [b, p, d_sae] and
+    `<group>:error` [b, p, d] of SAE groups. Cut runs (`leaves` given) also record `raw`: each
+    key's value as computed from the upstream nodes, in the graph to them."""
 
     acts: dict[str, torch.Tensor] = field(default_factory=dict)
+    raw: dict[str, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
 
 
-def _sae_hook_fn(sae, key: str, run: Run, patches: dict[str, Patch]):
+def encode(sae, x: torch.Tensor, bypass_bos: bool) -> torch.Tensor:
+    """The SAE's features of x [b, p, d]; zero at position 0 (BOS) when the SAE was trained
+    without BOS, so the error term carries BOS whole: the SAE is bypassed there, as in training
+    and in the CE metric, and no feature exists only to encode the BOS outlier."""
+    feats = sae.encode(x.to(sae.dtype))
+    if bypass_bos:
+        feats = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, 1:]], dim=1)
+    return feats
+
+
+def _node(key: str, value: torch.Tensor, run: Run, patches, leaves) -> torch.Tensor:
+    """The tensor that flows on as node `key`: in a cut run the given leaf (a fresh graph root,
+    so gradients stop here), else `value`; then its patch, if any."""
+    if leaves is not None:
+        run.raw[key] = value
+        value = leaves[key].detach().clone().requires_grad_(torch.is_grad_enabled())
+    if key in patches:
+        value = patches[key](value)
+    run.acts[key] = value
+    return value
+
+
+def _sae_hook_fn(sae, key: str, run: Run, patches, leaves, bypass_bos: bool):
     def fn(x: torch.Tensor, hook: Any) -> torch.Tensor:
         xin = x.to(sae.dtype)
-        feats = sae.encode(xin)
-        # The error term keeps its gradient (x - x_hat), so d out / dx = I as in the model itself.
-        error = (xin - sae.decode(feats)).to(x.dtype)
-        if key + ":feats" in patches:
-            feats = patches[key + ":feats"](feats)
-        if key + ":error" in patches:
-            error = patches[key + ":error"](error)
-        run.acts[key + ":feats"] = feats
-        run.acts[key + ":error"] = error
-        return sae.decode(feats).to(x.dtype) + error
+        feats = encode(sae, xin, bypass_bos)
+        # Features and error are separate nodes (Marks et al. 2024): the error is computed from
+        # the same features, but the features node is a view of them, so its gradient is the
+        # partial derivative through the decoder alone; the error carries the rest, and the
+        # gradient to everything upstream is the plain model's (d out / dx = I).
+        error = xin - sae.decode(feats)
+        f = _node(key + ":feats", feats.view_as(feats), run, patches, leaves)
+        e = _node(key + ":error", error, run, patches, leaves)
+        return (sae.decode(f) + e).to(x.dtype)
 
     return fn
 
 
-def _plain_hook_fn(key: str, run: Run, patches: dict[str, Patch], leaf: bool):
+def _plain_hook_fn(key: str, run: Run, patches, leaves, root: bool):
     def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        if leaf and torch.is_grad_enabled():
+        if root and leaves is None and torch.is_grad_enabled():
             act = act.detach().requires_grad_(True)  # the graph's root: parameters are frozen
-        if key in patches:
-            act = patches[key](act)
-        run.acts[key] = act
-        return act
+        return _node(key, act, run, patches, leaves)
 
     return fn
 
@@ -106,21 +128,68 @@ def forward(
     groups: list[HookGroup],
     saes: dict[str, Any],
     patches: dict[str, Patch] | None = None,
+    leaves: dict[str, torch.Tensor] | None = None,
+    bypass_bos: bool = False,
 ) -> Run:
-    """Run the model with every SAE spliced in (error term kept), recording each group's
-    activation and applying `patches` (key -> function of the activation). Keys: the hook name
-    for plain groups, `<group>:feats` / `<group>:error` for SAE groups."""
+    """Run the model with every SAE spliced in (error term kept), recording each node tensor
+    and applying `patches` (key -> function of the tensor).
+
+    With `leaves` (key -> value, one per key) the run is cut at every node: each node's tensor
+    is its given value as a fresh leaf, so a gradient from a node stops at the nodes directly
+    upstream of it (the direct effects of Marks et al. 2024), and `raw` holds what each node
+    computes from the leaves upstream of it."""
     patches = patches or {}
     run = Run()
     hooks = []
     for g in groups:
         if g.kind == "sae":
-            hooks.append((g.hook, _sae_hook_fn(saes[g.hook], g.name, run, patches)))
+            fn = _sae_hook_fn(saes[g.hook], g.name, run, patches, leaves, bypass_bos)
+            hooks.append((g.hook, fn))
         else:
-            hooks.append((g.name, _plain_hook_fn(g.name, run, patches, leaf=g.kind == "embedding")))
+            fn = _plain_hook_fn(g.name, run, patches, leaves, root=g.kind == "embedding")
+            hooks.append((g.name, fn))
     with model.hooks(fwd_hooks=hooks):
         run.logits = model(tokens, return_type="logits")
     return run
+
+
+@dataclass
+class Spliced:
+    """The model with its SAEs spliced in, as every attribution method runs it; `counter`
+    counts every pass it runs (perf.PassCounter)."""
+
+    model: Any
+    saes: dict[str, Any]
+    groups: list[HookGroup]
+    bypass_bos: bool = False
+    counter: PassCounter = field(default_factory=PassCounter)
+
+    @classmethod
+    def of(cls, model, saes: dict[str, Any], bypass_bos: bool = False) -> Spliced:
+        keys = sorted((site_layer(h) for h in saes), key=lambda k: (k[1], k[0]))
+        return cls(model, saes, build_groups(model.cfg.n_layers, keys), bypass_bos)
+
+    def run(self, tokens: torch.Tensor, patches=None, leaves=None) -> Run:
+        self.counter.forward(len(tokens))
+        return forward(self.model, tokens, self.groups, self.saes, patches, leaves, self.bypass_bos)
+
+    def grad(self, output: torch.Tensor, inputs: list[torch.Tensor], batch: int, **kwargs):
+        """torch.autograd.grad, counted as a backward over `batch` prompts."""
+        self.counter.backward(batch)
+        return torch.autograd.grad(output, inputs, **kwargs)
+
+    @property
+    def group_of(self) -> dict[str, HookGroup]:
+        """key -> its hook group."""
+        return {k: g for g in self.groups for k in group_keys(g)}
+
+    def keys(self) -> list[str]:
+        return [k for g in self.groups for k in group_keys(g)]
+
+    @torch.no_grad()
+    def acts(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every node's activation on `tokens` (detached)."""
+        return {k: v.detach() for k, v in self.run(tokens).acts.items()}
 
 
 # --- node tables ----------------------------------------------------------------------------------
@@ -144,13 +213,15 @@ class Batch:
     corrupted: torch.Tensor
     answer: torch.Tensor
     distractor: torch.Tensor
+    rows: np.ndarray  # positions of these prompts in the prompt table
 
 
 def iter_batches(prompts: pd.DataFrame, batch_size: int, device) -> Iterator[Batch]:
     """Prompts of equal length batched together (no padding)."""
     for idx in by_length(prompts["clean_tokens"]):
         for s in range(0, len(idx), batch_size):
-            rows = prompts.iloc[idx[s : s + batch_size]]
+            positions = idx[s : s + batch_size]
+            rows = prompts.iloc[positions]
 
             def stack(col: str, rows: pd.DataFrame = rows) -> torch.Tensor:
                 return torch.tensor(np.stack(rows[col].to_list()), device=device, dtype=torch.long)
@@ -160,12 +231,8 @@ def iter_batches(prompts: pd.DataFrame, batch_size: int, device) -> Iterator[Bat
                 stack("corrupted_tokens"),
                 torch.tensor(rows["answer_id"].to_numpy(), device=device, dtype=torch.long),
                 torch.tensor(rows["distractor_id"].to_numpy(), device=device, dtype=torch.long),
+                positions,
             )
-
-
-@torch.no_grad()
-def corrupted_acts(model, batch: Batch, groups, saes) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in forward(model, batch.corrupted, groups, saes).acts.items()}
 
 
 # --- SAEs -----------------------------------------------------------------------------------------

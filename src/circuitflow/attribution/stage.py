@@ -52,35 +52,52 @@ class Scored:
 
 
 def score(
-    model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig, behaviour: str
+    model,
+    prompts: pd.DataFrame,
+    saes: dict[str, Any],
+    cfg: AttributionConfig,
+    behaviour: str,
+    bypass_bos: bool = False,
 ) -> Scored:
-    node_scores = scores.attribute(model, prompts, saes, cfg)
+    node_scores = scores.attribute(model, prompts, saes, cfg, bypass_bos)
     validation = scores.validation(node_scores.frame, cfg.method, cfg.spearman_threshold)
-    if validation["passed"] is False:
-        log.warning(
-            "%s: %s agrees poorly with exact patching (spearman %.3f < %.2f)",
-            behaviour,
-            cfg.method,
-            validation["spearman"],
-            cfg.spearman_threshold,
-        )
+    for kind, result in [("all nodes", validation), *validation["by_kind"].items()]:
+        if result["passed"] is False:
+            log.warning(
+                "%s: %s agrees poorly with exact patching on %s (spearman %.3f < %.2f)",
+                behaviour,
+                cfg.method,
+                kind,
+                result["spearman"],
+                cfg.spearman_threshold,
+            )
     return Scored(node_scores, scores.with_score(node_scores.frame, cfg.method), validation)
 
 
 def build_graph(
-    model,
-    prompts: pd.DataFrame,
-    saes: dict[str, Any],
-    scored: Scored,
-    cfg: AttributionConfig,
-    meta: dict[str, Any],
+    prompts: pd.DataFrame, scored: Scored, cfg: AttributionConfig, meta: dict[str, Any]
 ) -> dict[str, Any]:
-    """graph.json: the top nodes, the edges between them, `meta` (timings added here)."""
+    """graph.json: the top nodes, the direct-effect edges between them (on the validation
+    prompts) and their validation against exact direct-path patching, `meta` (timings added
+    here)."""
+    sp = scored.scores.spliced
+    validation = scores.validation_prompts(prompts, cfg)
     t0 = time.perf_counter()
     nodes = circuit_graph.select_nodes(scored.frame, cfg)
-    edges = circuit_graph.compute_edges(model, prompts, saes, scored.scores.groups, nodes, cfg)
+    with sp.counter.part("edges"):
+        edges = circuit_graph.compute_edges(sp, validation, nodes, cfg)
     meta["seconds"]["edges"] = time.perf_counter() - t0
-    return circuit_graph.build_graph(nodes, edges, cfg, model.cfg.n_layers, meta)
+    t0 = time.perf_counter()
+    with sp.counter.part("edge_validation"):
+        meta["edge_validation"] = (
+            circuit_graph.validate_edges(sp, validation, nodes, edges, cfg)
+            if cfg.validation_edges
+            else None
+        )
+    meta["seconds"]["edge_validation"] = time.perf_counter() - t0
+    meta["n_validation_prompts"] = len(validation)
+    n_layers = sp.model.cfg.n_layers
+    return circuit_graph.build_graph(nodes, edges, cfg, n_layers, meta)
 
 
 def contexts(
@@ -146,12 +163,16 @@ def attribute(
     cfg: AttributionConfig,
     behaviour: str,
     out_dir: Path | str,
+    bypass_bos: bool = False,
 ) -> dict[str, Any]:
     """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
-    graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`."""
+    graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`.
+    `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there."""
+    if cfg.max_prompts:
+        prompts = prompts.iloc[: cfg.max_prompts]
     cfg, batch = plan(model, prompts, saes, cfg, behaviour)
     t0 = time.perf_counter()
-    scored = score(model, prompts, saes, cfg, behaviour)
+    scored = score(model, prompts, saes, cfg, behaviour, bypass_bos)
     tables = {
         "heads": scores.heads_table(scored.frame),
         "features": scores.features_table(scored.frame),
@@ -165,15 +186,19 @@ def attribute(
         "metric_clean": ns.metric_clean,
         "metric_corrupted": ns.metric_corrupted,
         "n_prompts": ns.n_prompts,
+        "bypass_bos": bypass_bos,  # the SAEs were trained without BOS: bypassed there
         "validation": scored.validation,
         "config": asdict(cfg),  # batch_size as run (the memory plan may lower it)
         "memory_plan": batch.describe(),
         "seconds": dict(ns.seconds),
     }
-    graph = build_graph(model, prompts, saes, scored, cfg, meta)
+    graph = build_graph(prompts, scored, cfg, meta)
     meta["seconds"]["total"] = time.perf_counter() - t0
     meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
+    cost = ns.spliced.counter.summary(ns.n_prompts)
+    meta |= cost
     graph |= {"seconds": meta["seconds"], "seconds_per_prompt": meta["seconds_per_prompt"]}
+    graph |= cost
     tables["feature_contexts"] = contexts(tables["features"], saes, acts_files, tokenizer, cfg)
     summary = meta | {
         "top_heads": tables["heads"].head(5)[["layer", "head", "score"]].to_dict("records"),
@@ -206,8 +231,9 @@ def run(
     """The stage: load the model, prompts and SAEs named by the rule, then `attribute`."""
     from circuitflow.attribution.splice import load_saes
     from circuitflow.capture.files import read_activation_info
+    from circuitflow.devices import precise_math
     from circuitflow.errors import ConfigError
-    from circuitflow.model.load import load_model, load_tokenizer
+    from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
 
     if len(sae_dirs) != len(activation_files):
@@ -215,11 +241,16 @@ def run(
     cfg = AttributionConfig.from_dict(config.get("attribution"))
     prompts = read_prompts(prompts_path)
     # Pair SAEs with activation files by the hook each names, not by argument order alone.
-    acts = {read_activation_info(a).hook_name: Path(a) for a in activation_files}
+    infos = [read_activation_info(a) for a in activation_files]
+    acts = {info.hook_name: info.path for info in infos}
+    # The SAEs were trained on these files: bypassed at BOS when the files leave BOS out.
+    bypass_bos = any(info.bos_excluded for info in infos)
     model_dir = Path(model_json).parent
-    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)
     missing = sorted(set(saes) - set(acts))
     if missing:
         raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
-    return attribute(model, prompts, saes, acts, load_tokenizer(model_dir), cfg, behaviour, out_dir)
+    with precise_math():
+        tokenizer = load_tokenizer(model_dir)
+        return attribute(model, prompts, saes, acts, tokenizer, cfg, behaviour, out_dir, bypass_bos)

@@ -189,7 +189,14 @@ def capture_units(
     store = getattr(torch, dtype)
 
     def grab(act, hook):
-        captured[hook.name] = act[:, p.skip :].to(store).to("cpu").numpy()
+        stored = act[:, p.skip :].to(store)
+        # A bf16 model's activation above 65504 becomes inf in float16; NaNs poison an SAE.
+        if not bool(torch.isfinite(stored).all()):
+            raise ValueError(
+                f"capture: {hook.name} has non-finite activations once stored as {dtype} "
+                "(overflow or NaN); use capture.dtype: float32 or model.dtype: float32"
+            )
+        captured[hook.name] = stored.to("cpu").numpy()
 
     def run_batch(a: int, b: int) -> int:
         captured.clear()

@@ -15,7 +15,9 @@ Ablation kinds (what an ablated node's activation becomes):
 SAE nodes are ablated inside the activation without replacing it by the SAE's reconstruction:
 the SAE is spliced with its error term, x = decode(a) + e, a = encode(x), e = x - decode(a), and
 the ablated features F and (when ablated) the error term take their reference values:
-x <- x + (a_ref - a)[F] W_dec[F] + (e_ref - e). The activation is encoded once per hook, so
+x <- x + (a_ref - a)[F] W_dec[F] + (e_ref - e). SAEs trained without BOS are bypassed at BOS
+(features 0 there, the error term carries it), as in attribution. The activation is encoded
+once per hook, so
 ablating a set of features at once is the same as ablating them in one spliced forward; every
 node not ablated keeps its value. Ablating every feature and the error term of a hook replaces
 its activation by the reference exactly (the decoder is affine). Steering adds alpha * direction
@@ -25,15 +27,17 @@ to the hook's output at every position but the first (BOS, the attention sink).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from circuitflow.attribution.splice import encode
 from circuitflow.errors import ConfigError
 from circuitflow.nodes import Node
+from circuitflow.perf import PassCounter
 from circuitflow.prompts import by_length
 
 KINDS = ("zero", "mean", "resample")
@@ -74,15 +78,20 @@ class PromptGroup:
     distractor: torch.Tensor
 
 
-@dataclass
-class _Context:
-    group: int = 0
-    rows: slice = field(default_factory=lambda: slice(0, 0))
-    perm: np.ndarray | None = None
+@dataclass(frozen=True)
+class Request:
+    """One run: `nodes` ablated (the Intervener's kind), `steer` vectors ((hook, vector
+    [d_model])) added, `seed` for the resample draw."""
+
+    nodes: frozenset = frozenset()
+    seed: int = 0
+    steer: tuple = ()
 
 
 class Intervener:
-    """Runs the model on a prompt set with ablated and steered nodes.
+    """Runs the model on a prompt set with ablated and steered nodes, several runs per forward
+    pass: the runs are stacked along the batch (copy k of the prompts carries run k's
+    ablation), and their outcomes come back to the host once per pass.
 
     Reference activations (means, corrupted runs) are computed once per hook on first use.
     """
@@ -95,6 +104,9 @@ class Intervener:
         mean_reference: str = "clean",
         batch_size: int = 64,
         saes: dict[str, Any] | None = None,
+        bypass_bos: bool = False,
+        runs_per_pass: int = 16,
+        counter: PassCounter | None = None,
     ):
         if kind not in KINDS:
             raise ConfigError(f"ablation: {kind!r}; allowed values: {', '.join(KINDS)}")
@@ -107,11 +119,13 @@ class Intervener:
         self.mean_reference = mean_reference
         self.batch_size = batch_size
         self.saes = saes or {}
+        self.bypass_bos = bypass_bos  # SAEs trained without BOS are bypassed there
+        self.runs_per_pass = max(1, runs_per_pass)
+        self.counter = counter or PassCounter()
         self.device = next(model.parameters()).device
         self.n = len(prompts)
         self.groups = self._groups(prompts)
-        self._ref: dict[tuple[str, str, int], torch.Tensor] = {}
-        self._ctx = _Context()
+        self._ref: dict[tuple, Any] = {}
 
     def _groups(self, prompts: pd.DataFrame) -> list[PromptGroup]:
         groups = []
@@ -146,8 +160,10 @@ class Intervener:
                 def save(act, hook, store=store):
                     store["a"] = act.detach()
 
+                batch = tokens[s : s + self.batch_size].to(self.device)
+                self.counter.forward(len(batch))
                 with self.model.hooks(fwd_hooks=[(hook, save)]):
-                    self.model(tokens[s : s + self.batch_size].to(self.device))
+                    self.model(batch)
                 chunks.append(store["a"])
             self._ref[key] = torch.cat(chunks)
         return self._ref[key]
@@ -159,7 +175,7 @@ class Intervener:
             sae = self.saes[hook]
             x = self._activations(hook, which, g)
             with torch.no_grad():
-                feats = sae.encode(x.to(sae.dtype))
+                feats = encode(sae, x, self.bypass_bos)
                 error = x.float() - sae.decode(feats).float()
             self._ref[key] = (feats.float(), error)
         return self._ref[key]
@@ -167,85 +183,100 @@ class Intervener:
     def _feature_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
         return self._sae_parts(hook, which, g)[0]
 
-    def _error_acts(self, hook: str, which: str, g: int) -> torch.Tensor:
-        return self._sae_parts(hook, which, g)[1]
-
-    def _replacement(self, hook: str, part: str) -> torch.Tensor | float:
-        """What an ablated node's activation becomes for the current chunk (broadcastable):
-        `part` is `acts` (components), `feats` or `error` (SAE nodes at `hook`)."""
-        ctx = self._ctx
+    def _reference(self, hook: str, part: str, g: int, rows: np.ndarray, perms: list):
+        """What an ablated node's activation becomes, for copy k of prompts `rows` of group `g`
+        (broadcastable to [K, b, pos, ...]): `part` is `acts` (components), `feats` or
+        `error` (SAE nodes at `hook`); `perms` holds each copy's resample permutation."""
         if self.kind == "zero":
             return 0.0
-        get = {"acts": self._activations, "feats": self._feature_acts, "error": self._error_acts}
+        get = {
+            "acts": self._activations,
+            "feats": self._feature_acts,
+            "error": lambda h, w, gi: self._sae_parts(h, w, gi)[1],
+        }[part]
         if self.kind == "mean":
-            key = ("mean", hook, self.mean_reference, ctx.group, part)
+            key = ("mean", hook, self.mean_reference, g, part)
             if key not in self._ref:
-                self._ref[key] = get[part](hook, self.mean_reference, ctx.group).mean(
-                    0, keepdim=True
-                )
+                self._ref[key] = get(hook, self.mean_reference, g).mean(0)[None, None]
             return self._ref[key]
-        acts = get[part](hook, "corrupted", ctx.group)
-        rows = np.arange(len(acts))[ctx.rows]
-        idx = ctx.perm[rows] if ctx.perm is not None else rows
-        return acts[torch.as_tensor(idx, device=acts.device)]
-
-    @staticmethod
-    def _parts(nodes: list[Node]) -> list[str]:
-        kinds = {n.kind for n in nodes}
-        parts = ["feats"] if "feature" in kinds else []
-        parts += ["error"] if "error" in kinds else []
-        return parts + (["acts"] if kinds - {"feature", "error"} else [])
-
-    def _prepare(self, by_hook: dict[str, list[Node]]) -> None:
-        """Compute reference activations before any hook is on (they are clean forward passes)."""
-        if self.kind == "zero":
-            return
-        for hook, nodes in by_hook.items():
-            for g in range(len(self.groups)):
-                self._ctx = _Context(g, slice(0, 1), np.arange(len(self.groups[g].rows)))
-                for part in self._parts(nodes):
-                    self._replacement(hook, part)
+        acts = get(hook, "corrupted", g)
+        idx = torch.as_tensor(np.stack([perm[rows] for perm in perms]), device=acts.device)
+        return acts[idx]  # [K, b, pos, ...]
 
     # --- hooks --------------------------------------------------------------------------------
-    def _hook_fn(self, name: str, nodes: list[Node], steer: list[torch.Tensor]):
-        components = [n for n in nodes if not n.is_sae]
-        features = [n.index for n in nodes if n.kind == "feature"]
-        error = any(n.kind == "error" for n in nodes)
+    def _hook_fn(self, name: str, runs: list[Request], g: int, rows: np.ndarray, perms: list):
+        """The hook at `name` for a pass of len(runs) copies of prompts `rows` of group `g`."""
+        k, dev = len(runs), self.device
+        heads, whole, feats, error = {}, [], {}, []
+        for i, run in enumerate(runs):
+            for node in run.nodes:
+                if node.hook != name:
+                    continue
+                if node.kind == "head":
+                    heads.setdefault(i, []).append(node.index)
+                elif node.kind == "feature":
+                    feats.setdefault(i, []).append(node.index)
+                elif node.kind == "error":
+                    error.append(i)
+                else:
+                    whole.append(i)
+        steer = [[vec for hook, vec in run.steer if hook == name] for run in runs]
+
+        def mask(indices: list[int]) -> torch.Tensor:
+            m = torch.zeros(k, dtype=torch.bool, device=dev)
+            m[indices] = True
+            return m
 
         def fn(act: torch.Tensor, hook: Any = None) -> torch.Tensor:
-            act = act.clone()
-            for node in components:
-                value = self._replacement(name, "acts")
-                if node.kind == "head":
-                    v = value if isinstance(value, float) else value[:, :, node.index]
-                    act[:, :, node.index] = v
-                else:
-                    act[:] = value
-            if features or error:
-                act = act + self._sae_delta(name, act, features, error).to(act.dtype)
-            for vec in steer:
-                act[:, 1:] = act[:, 1:] + vec.to(act.dtype)
-            return act
+            act = act.view(k, -1, *act.shape[1:]).clone()  # [K, b, pos, ...]
+            if heads:
+                m = torch.zeros(k, act.shape[3], dtype=torch.bool, device=dev)
+                for i, idx in heads.items():
+                    m[i, idx] = True
+                ref = self._reference(name, "acts", g, rows, perms)
+                act = torch.where(m[:, None, None, :, None], torch.as_tensor(ref).to(act), act)
+            if whole:
+                ref = self._reference(name, "acts", g, rows, perms)
+                m = mask(whole)[:, None, None, None]
+                act = torch.where(m, torch.as_tensor(ref).to(act), act)
+            if feats or error:
+                act = act + self._sae_delta(name, act, feats, mask(error), g, rows, perms)
+            for i, vecs in enumerate(steer):
+                for vec in vecs:
+                    act[i, :, 1:] += vec.to(act)
+            return act.flatten(0, 1)
 
         return fn
 
     def _sae_delta(
-        self, hook: str, act: torch.Tensor, features: list[int], error: bool
+        self,
+        hook: str,
+        act: torch.Tensor,
+        feats: dict,
+        error: torch.Tensor,
+        g: int,
+        rows: np.ndarray,
+        perms: list,
     ) -> torch.Tensor:
-        """(a_ref - a)[F] W_dec[F] + (e_ref - e) for the spliced SAE at `hook` (one encode)."""
+        """(a_ref - a)[F_k] W_dec[F_k] + (e_ref - e) [copy k's error ablated] for the spliced SAE
+        at `hook` (one encode), per copy k of `act` [K, b, pos, d]."""
         sae = self.saes[hook]
-        a = sae.encode(act.to(sae.dtype)).float()
+        a = encode(sae, act.flatten(0, 1), self.bypass_bos).float().view(*act.shape[:3], -1)
         delta = torch.zeros(act.shape, dtype=torch.float32, device=act.device)
-        if features:
-            idx = torch.as_tensor(features, device=act.device)
-            ref = self._replacement(hook, "feats")
-            ref = ref if isinstance(ref, float) else ref[..., idx]
-            delta += (ref - a[..., idx]) @ sae.W_dec[idx].float()
-        if error:
+        if feats:
+            m = torch.zeros(act.shape[0], a.shape[-1], dtype=torch.bool, device=act.device)
+            for i, idx in feats.items():
+                m[i, idx] = True
+            ref = self._reference(hook, "feats", g, rows, perms)
+            moved = torch.where(m[:, None, None, :], torch.as_tensor(ref).to(a) - a, 0.0)
+            delta += moved @ sae.W_dec.float()
+        if error.any():
             e = act.float() - sae.decode(a.to(sae.dtype)).float()
-            delta += self._replacement(hook, "error") - e
-        return delta
+            ref = self._reference(hook, "error", g, rows, perms)
+            delta += torch.where(error[:, None, None, None], torch.as_tensor(ref).to(e) - e, 0.0)
+        return delta.to(act.dtype)
 
+    # --- runs ---------------------------------------------------------------------------------
     @torch.no_grad()
     def run(
         self,
@@ -255,48 +286,105 @@ class Intervener:
     ) -> Outcome:
         """Score the prompts with `ablate` ablated (this object's kind) and `steer` vectors
         ((hook, vector [d_model])) added. `seed` drives the resample draw."""
-        by_hook: dict[str, list[Node]] = {}
-        for node in ablate:
-            by_hook.setdefault(node.hook, []).append(node)
-        steer_by_hook: dict[str, list[torch.Tensor]] = {}
-        for hook, vec in steer:
-            steer_by_hook.setdefault(hook, []).append(vec.to(self.device))
-        self._prepare(by_hook)
-        hooks = [
-            (h, self._hook_fn(h, by_hook.get(h, []), steer_by_hook.get(h, [])))
-            for h in sorted(set(by_hook) | set(steer_by_hook))
-        ]
-        vocab = self.model.cfg.d_vocab_out
-        logit_diff = np.zeros(self.n)
-        correct = np.zeros(self.n, dtype=bool)
-        top_token = np.zeros(self.n, dtype=np.int64)
-        top_prob = np.zeros(self.n)
-        top1 = np.zeros(self.n, dtype=bool)
-        logit_sum = torch.zeros(vocab, dtype=torch.float64)
+        return self.run_many([Request(frozenset(ablate), seed, tuple(steer))])[0]
+
+    @torch.no_grad()
+    def run_many(self, runs: list[Request]) -> list[Outcome]:
+        """Score the prompts under each run, `runs_per_pass` runs per forward pass."""
+        outcomes = [_Accumulator(self.n, self.model.cfg.d_vocab_out) for _ in runs]
+        self._warm(runs)
+        hooks = {node.hook for run in runs for node in run.nodes}
+        hooks |= {hook for run in runs for hook, _ in run.steer}
+        for start in range(0, len(runs), self.runs_per_pass):
+            chunk = list(range(start, min(start + self.runs_per_pass, len(runs))))
+            chunk_runs = [runs[i] for i in chunk]
+            for g, group in enumerate(self.groups):
+                perms = [self._permutation(run.seed, group) for run in chunk_runs]
+                for s in range(0, len(group.rows), self.batch_size):
+                    rows = np.arange(s, min(s + self.batch_size, len(group.rows)))
+                    fwd = [(h, self._hook_fn(h, chunk_runs, g, rows, perms)) for h in sorted(hooks)]
+                    tokens = group.clean[rows].to(self.device).repeat(len(chunk), 1)
+                    self.counter.forward(len(tokens))
+                    with self.model.hooks(fwd_hooks=fwd):
+                        logits = self.model(tokens, return_type="logits")
+                    last = logits[:, -1].float().view(len(chunk), len(rows), -1)
+                    answer, distractor = group.answer[rows], group.distractor[rows]
+                    stats = _last_position_stats(
+                        last, answer.to(self.device), distractor.to(self.device)
+                    )
+                    for k, i in enumerate(chunk):
+                        outcomes[i].add(group.rows[rows], {name: v[k] for name, v in stats.items()})
+        return [acc.outcome() for acc in outcomes]
+
+    def _warm(self, runs: list[Request]) -> None:
+        """Compute the reference activations the runs need before any ablated pass: a reference
+        computed lazily inside a hook would run the model under its own hooks."""
+        if self.kind == "zero":
+            return
+        parts = set()
+        for run in runs:
+            for node in run.nodes:
+                part = {"feature": "feats", "error": "error"}.get(node.kind, "acts")
+                parts.add((node.hook, part))
         for g, group in enumerate(self.groups):
-            perm = None
-            if self.kind == "resample":
-                rng = np.random.default_rng([seed, len(group.rows), group.clean.shape[1]])
-                perm = rng.permutation(len(group.rows))
-            for s in range(0, len(group.rows), self.batch_size):
-                sl = slice(s, s + self.batch_size)
-                self._ctx = _Context(g, sl, perm)
-                with self.model.hooks(fwd_hooks=hooks):
-                    logits = self.model(group.clean[sl].to(self.device), return_type="logits")
-                last = logits[:, -1].float().cpu()
-                ans, dis = group.answer[sl], group.distractor[sl]
-                r = torch.arange(len(ans))
-                la, ld = last[r, ans], last[r, dis]
-                probs = last.softmax(-1)
-                top = last.argmax(-1)
-                rows = group.rows[sl]
-                logit_diff[rows] = (la - ld).numpy()
-                correct[rows] = (la > ld).numpy()
-                top_token[rows] = top.numpy()
-                top_prob[rows] = probs.max(-1).values.numpy()
-                top1[rows] = (top == ans).numpy()
-                logit_sum += last.sum(0).double()
-        return Outcome(logit_diff, correct, top_token, top_prob, top1, (logit_sum / self.n).numpy())
+            perms = [np.arange(len(group.rows))]
+            for hook, part in sorted(parts):
+                self._reference(hook, part, g, np.arange(0), perms)
+
+    def _permutation(self, seed: int, group: PromptGroup) -> np.ndarray:
+        """Run `seed`'s draw of corrupted prompts (resample ablation), within the group."""
+        if self.kind != "resample":
+            return np.arange(len(group.rows))
+        rng = np.random.default_rng([seed, len(group.rows), group.clean.shape[1]])
+        return rng.permutation(len(group.rows))
+
+
+def _last_position_stats(last: torch.Tensor, answer: torch.Tensor, distractor: torch.Tensor):
+    """Per copy and prompt ([K, b, vocab] float32 logits): the metric and what the tables show,
+    moved to the host at once (one synchronisation per pass)."""
+    la = last.gather(-1, answer.expand(last.shape[0], -1)[..., None]).squeeze(-1)
+    ld = last.gather(-1, distractor.expand(last.shape[0], -1)[..., None]).squeeze(-1)
+    top = last.argmax(-1)
+    out = {
+        "logit_diff": la - ld,
+        "correct": la > ld,
+        "top_token": top,
+        "top_prob": last.softmax(-1).max(-1).values,
+        "top1": top == answer,
+        "logit_sum": last.double().sum(1),
+    }
+    return {k: v.cpu().numpy() for k, v in out.items()}
+
+
+class _Accumulator:
+    """One run's per-prompt results, filled pass by pass in the prompt table's row order."""
+
+    def __init__(self, n: int, vocab: int):
+        self.n = n
+        self.logit_diff = np.zeros(n)
+        self.correct = np.zeros(n, dtype=bool)
+        self.top_token = np.zeros(n, dtype=np.int64)
+        self.top_prob = np.zeros(n)
+        self.top1 = np.zeros(n, dtype=bool)
+        self.logit_sum = np.zeros(vocab, dtype=np.float64)
+
+    def add(self, rows: np.ndarray, stats: dict) -> None:
+        self.logit_diff[rows] = stats["logit_diff"]
+        self.correct[rows] = stats["correct"]
+        self.top_token[rows] = stats["top_token"]
+        self.top_prob[rows] = stats["top_prob"]
+        self.top1[rows] = stats["top1"]
+        self.logit_sum += stats["logit_sum"]
+
+    def outcome(self) -> Outcome:
+        return Outcome(
+            self.logit_diff,
+            self.correct,
+            self.top_token,
+            self.top_prob,
+            self.top1,
+            self.logit_sum / self.n,
+        )
 
 
 def calibration_error(outcome: Outcome, n_bins: int = 10) -> float:

@@ -1,5 +1,12 @@
 """Circuits: the top-n nodes by attribution, their faithfulness and completeness, random
-circuits as the control, and the smallest faithful size."""
+circuits as the control, and the smallest faithful size.
+
+The prompts are split in two (prompts.selection_half): candidates are ranked by their
+attribution score on the selection half, and the circuit size is chosen there; faithfulness and
+completeness are reported on the held-out half too (`*_heldout`), which neither choice saw.
+Random circuits have the top circuit's make-up by kind (as many heads, MLPs, features and error
+terms), drawn from the candidates of each kind.
+"""
 
 from __future__ import annotations
 
@@ -18,18 +25,20 @@ def ranked_nodes(
     components: pd.DataFrame,
     features: pd.DataFrame | None = None,
     active: dict[tuple[str, int], np.ndarray] | None = None,
+    column: str = "score_selection",
 ) -> list[Node]:
-    """Circuit candidates by |attribution score| (ties in forward order): the components table
-    (kind, layer, index, score); with `features` (attribution's features table) and `active`
-    ((site, layer) -> features that fire on the prompts), also every active feature (score 0
-    when attribution did not score it) and the error term of each SAE in `active`."""
+    """Circuit candidates by |attribution score| on the selection half (`column`; ties in
+    forward order): the components table (kind, layer, index); with `features` (attribution's
+    features table) and `active` ((site, layer) -> features that fire on the prompts, BOS left
+    out), also every active feature (score 0 when attribution did not score it) and the error
+    term of each SAE in `active`."""
     scored = [
-        (float(r.score), (int(r.layer), 0), Node.of(r.kind, r.layer, r.index))
+        (float(getattr(r, column)), (int(r.layer), 0), Node.of(r.kind, r.layer, r.index))
         for r in components.itertuples()
     ]
     if features is not None and active:
         score = {
-            (r.kind, r.site, int(r.layer), int(r.feature)): float(r.score)
+            (r.kind, r.site, int(r.layer), int(r.feature)): float(getattr(r, column))
             for r in features.itertuples()
         }
         for (site, layer), fired in sorted(active.items()):
@@ -64,8 +73,24 @@ def circuit_sizes(n_nodes: int, cfg: InterventionsConfig, extra: list[int]) -> l
     return sorted(n for n in sizes if 0 <= n <= n_nodes)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> float:
+def _ratio(num: float, den: float) -> float:
     return float(num / den) if den != 0 else float("nan")
+
+
+def matched_random(universe: list[Node], like: list[Node], rng) -> list[Node]:
+    """A random circuit with the make-up of `like`: per kind, as many nodes drawn uniformly from
+    the candidates of that kind."""
+    pick: list[Node] = []
+    for kind, count in sorted(Counter(node.kind for node in like).items()):
+        pool = [node for node in universe if node.kind == kind]
+        pick += [pool[i] for i in sorted(rng.choice(len(pool), count, replace=False))]
+    return pick
+
+
+METRICS = ("faithfulness", "completeness")
+COLUMNS = ["circuit", "n", "draw"]
+COLUMNS += [f"{m}{half}{std}" for half in ("", "_heldout") for m in METRICS for std in ("", "_std")]
+COLUMNS += ["m_circuit", "m_complement", "m_full", "m_empty", "nodes"]
 
 
 def circuit_curves(
@@ -74,18 +99,20 @@ def circuit_curves(
     sizes: list[int],
     cfg: InterventionsConfig,
     base_seed: int,
+    selection: np.ndarray,
     named: list[Node] | None = None,
     controls: bool = True,
 ) -> pd.DataFrame:
-    """One row per (circuit, n, draw): the top-n circuit (`circuit` = top, draw -1; faithfulness
-    and completeness as mean and std across seeds), random circuits (`random`, one draw each,
-    on all prompts; none when `controls` is false) and, when given, the `named` node set
-    (`graph`, seed-averaged like top)."""
+    """One row per (circuit, n, draw): the top-n circuit (`circuit` = top, draw -1), random
+    circuits with its make-up by kind (`random`, one draw each; none when `controls` is false)
+    and, when given, the `named` node set (`graph`). Faithfulness and completeness on the
+    selection half (`selection`: a mask over prompts) and on the held-out half (`*_heldout`):
+    mean and std across seeds (each a bootstrap resample of the half) for top and graph, on the
+    whole half for random circuits. m_* are the selection half's means."""
     universe = list(ranked)
     everything = frozenset(universe)
     base = runs.base
-    n_prompts = len(base.logit_diff)
-    rows = []
+    halves = {"": np.flatnonzero(selection), "_heldout": np.flatnonzero(~selection)}
 
     def measure(circuit: frozenset, seed: int, idx: np.ndarray) -> dict[str, float]:
         empty = runs.get(everything, seed)
@@ -105,48 +132,60 @@ def circuit_curves(
 
     def seed_averaged(name: str, nodes: list[Node]) -> dict[str, Any]:
         circuit = frozenset(nodes)
-        per_seed = pd.DataFrame(
-            [measure(circuit, s, bootstrap_rows(n_prompts, s)) for s in runs.seeds]
-        )
         row: dict[str, Any] = {"circuit": name, "n": len(circuit), "draw": -1}
-        for col in per_seed:
-            row[col] = float(per_seed[col].mean())
-            row[f"{col}_std"] = float(per_seed[col].std(ddof=1)) if len(per_seed) > 1 else 0.0
+        for half, rows in halves.items():
+            per_seed = pd.DataFrame(
+                [measure(circuit, s, rows[bootstrap_rows(len(rows), s)]) for s in runs.seeds]
+            )
+            for col in per_seed if half == "" else METRICS:
+                std = float(per_seed[col].std(ddof=1)) if len(per_seed) > 1 else 0.0
+                row[f"{col}{half}"], row[f"{col}{half}_std"] = float(per_seed[col].mean()), std
         return row | {"nodes": [node.id for node in nodes]}
 
+    def whole_halves(nodes: list[Node]) -> dict[str, Any]:
+        row = {}
+        for half, rows in halves.items():
+            m = measure(frozenset(nodes), runs.seeds[0], rows)
+            row |= m if half == "" else {f"{k}{half}": m[k] for k in METRICS}
+        return row
+
+    circuits = []  # (circuit, n, draw, nodes); draw -1 is seed-averaged
     if named:
-        rows.append(seed_averaged("graph", named))
+        circuits.append(("graph", len(frozenset(named)), -1, named))
     for n in sizes:
-        rows.append(seed_averaged("top", ranked[:n]))
-        all_rows = np.arange(n_prompts)
+        circuits.append(("top", n, -1, ranked[:n]))
         draws = cfg.n_random_circuits if controls and 0 < n < len(universe) else 0
         for draw in range(draws):
             rng = np.random.default_rng([base_seed, n, draw, 17])
-            pick = [universe[i] for i in sorted(rng.choice(len(universe), n, replace=False))]
-            m = measure(frozenset(pick), runs.seeds[0], all_rows)
+            circuits.append(("random", n, draw, matched_random(universe, ranked[:n], rng)))
+    # Every ablated run the curves need, batched: the circuit alone and its complement.
+    for _, _, draw, nodes in circuits:
+        sets = [everything, everything - frozenset(nodes), frozenset(nodes)]
+        runs.prefetch(sets, seeds=runs.seeds if draw < 0 else runs.seeds[:1], defer=True)
+    runs.flush()
+    rows = []
+    for name, n, draw, nodes in circuits:
+        if draw < 0:
+            rows.append(seed_averaged(name, nodes))
+        else:
             rows.append(
-                {"circuit": "random", "n": n, "draw": draw}
-                | m
-                | {"faithfulness_std": np.nan, "completeness_std": np.nan}
-                | {"nodes": [node.id for node in pick]}
+                {"circuit": name, "n": n, "draw": draw}
+                | whole_halves(nodes)
+                | {"nodes": [node.id for node in nodes]}
             )
-    frame = pd.DataFrame(rows)
-    return frame[
-        [
-            "circuit",
-            "n",
-            "draw",
-            "faithfulness",
-            "faithfulness_std",
-            "completeness",
-            "completeness_std",
-            "m_circuit",
-            "m_complement",
-            "m_full",
-            "m_empty",
-            "nodes",
-        ]
-    ]
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+def faithfulness_auc(curves: pd.DataFrame, n_nodes: int, column: str) -> float | None:
+    """Mean faithfulness over log circuit size: the area under the top circuits' curve against
+    log n from n = 1 to every candidate, divided by log(n_nodes) (1 = faithful from one node
+    on)."""
+    top = curves[(curves["circuit"] == "top") & (curves["n"] >= 1)].drop_duplicates("n")
+    top = top.sort_values("n")
+    if n_nodes < 2 or len(top) < 2:
+        return None
+    x, y = np.log(top["n"].to_numpy(float)), top[column].to_numpy(float)
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / np.log(n_nodes))
 
 
 def random_band(curves: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -168,10 +207,12 @@ def refine_smallest(
     curves: pd.DataFrame,
     cfg: InterventionsConfig,
     base_seed: int,
+    selection: np.ndarray,
 ) -> pd.DataFrame:
     """Bisect between the first faithful size of the grid and the largest tested size below it
-    (faithfulness grows with n along the ranking, mostly): the rows of every size tried are added
-    to `curves`, with random controls at the smallest faithful size found."""
+    (faithfulness on the selection half grows with n along the ranking, mostly): the rows of
+    every size tried are added to `curves`, with random controls at the smallest faithful size
+    found."""
     hi = smallest_faithful(curves, cfg.faithfulness_threshold)
     tested = curves.loc[curves["circuit"] == "top", "n"]
     below = tested[tested < hi] if hi is not None else tested.iloc[:0]
@@ -180,13 +221,15 @@ def refine_smallest(
     lo, first, frames = int(below.max()), hi, [curves]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        frames.append(circuit_curves(runs, ranked, [mid], cfg, base_seed, controls=False))
+        frames.append(
+            circuit_curves(runs, ranked, [mid], cfg, base_seed, selection, controls=False)
+        )
         if frames[-1]["faithfulness"].iloc[0] >= cfg.faithfulness_threshold:
             hi = mid
         else:
             lo = mid
     if hi != first:  # the random control at the smallest faithful size found
-        found = circuit_curves(runs, ranked, [hi], cfg, base_seed)
+        found = circuit_curves(runs, ranked, [hi], cfg, base_seed, selection)
         frames.append(found[found["circuit"] == "random"])
     order = {"top": 0, "graph": 1, "random": 2}
     out = pd.concat(frames, ignore_index=True)
@@ -217,5 +260,7 @@ def graph_summary(curves: pd.DataFrame) -> dict[str, Any] | None:
         "n": int(r["n"]),
         "faithfulness": float(r["faithfulness"]),
         "completeness": float(r["completeness"]),
+        "faithfulness_heldout": float(r["faithfulness_heldout"]),
+        "completeness_heldout": float(r["completeness_heldout"]),
         "nodes": list(r["nodes"]),
     }

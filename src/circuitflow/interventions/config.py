@@ -17,6 +17,7 @@ class InterventionsConfig:
     ablation: str = "mean"  # zero | mean | resample
     mean_reference: str = "clean"  # clean | corrupted prompts (mean ablation)
     batch_size: int = 64
+    runs_per_pass: int = 16  # ablated runs stacked along the batch of one forward pass
     max_prompts: int | None = None
     n_seeds: int = 3
     ci_level: float = 0.95

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.ablation import Intervener, Request
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.stats import Runs
 from circuitflow.nodes import Node, hook_name
@@ -42,68 +42,63 @@ def feature_interventions(
     feats = feats[[hook_name(r.site, int(r.layer)) in saes for r in feats.itertuples()]]
     feats = feats.reindex(feats["score"].abs().sort_values(ascending=False).index)
     top = feats.head(cfg.n_features)
-    iv = runs.iv
-    rows = []
-    for r in top.itertuples():
-        node = Node("feature", int(r.layer), int(r.feature), r.site)
-        rows.append(
-            {"site": r.site, "layer": int(r.layer), "feature": int(r.feature), "set": "top"}
-            | runs.effect([node], cfg.ci_level)
-            | {"attribution_score": float(r.score)}
-        )
     attr_score = {
         (r.site, int(r.layer), int(r.feature)): float(r.score) for r in feats.itertuples()
     }
+    chosen = [(r.site, int(r.layer), int(r.feature), "top") for r in top.itertuples()]
     for site, layer in sorted({(r.site, int(r.layer)) for r in top.itertuples()}):
         hook = hook_name(site, layer)
-        pool = np.setdiff1d(active_features(iv, hook), top["feature"].astype(int).to_numpy())
+        pool = np.setdiff1d(active_features(runs.iv, hook), top["feature"].astype(int).to_numpy())
         rng = np.random.default_rng([base_seed, layer, 31])
         pick = rng.choice(pool, min(cfg.n_random_features, len(pool)), replace=False)
-        for f in sorted(int(x) for x in pick):
-            node = Node("feature", layer, f, site)
-            rows.append(
-                {"site": site, "layer": layer, "feature": f, "set": "random"}
-                | runs.effect([node], cfg.ci_level)
-                | {"attribution_score": attr_score.get((site, layer, f), np.nan)}
-            )
+        chosen += [(site, layer, int(f), "random") for f in sorted(pick)]
+    runs.prefetch([[Node("feature", layer, f, site)] for site, layer, f, _ in chosen])
+    rows = [
+        {"site": site, "layer": layer, "feature": f, "set": which}
+        | runs.effect([Node("feature", layer, f, site)], cfg.ci_level)
+        | {"attribution_score": attr_score.get((site, layer, f), np.nan)}
+        for site, layer, f, which in chosen
+    ]
     ablate = pd.DataFrame(rows) if rows else empty_ablate
 
-    steer_rows = []
     base = runs.base
+    steers = []  # (row r, direction kind, alpha, decoder direction, steering Request)
     for r in top.itertuples():
-        site, layer, f = r.site, int(r.layer), int(r.feature)
-        hook = hook_name(site, layer)
-        direction = saes[hook].W_dec[f].detach().float().cpu()
-        g = torch.Generator().manual_seed(base_seed * 100003 + layer * 1009 + f)
+        hook = hook_name(r.site, int(r.layer))
+        direction = saes[hook].W_dec[int(r.feature)].detach().float().cpu()
+        g = torch.Generator().manual_seed(base_seed * 100003 + int(r.layer) * 1009 + int(r.feature))
         rand = torch.randn(direction.shape, generator=g)
         rand = rand / rand.norm() * direction.norm()
         for kind, vec in (("feature", direction), ("random", rand)):
             for alpha in cfg.steering_alphas:
-                out = (
-                    base
-                    if alpha == 0
-                    else runs.iv.run((), seed=runs.seeds[0], steer=[(hook, alpha * vec)])
-                )
-                delta = out.mean_logits - base.mean_logits
-                # At alpha 0 nothing moves: no top tokens to name.
-                up = np.argsort(-delta, kind="stable")[: cfg.top_tokens] if alpha else []
-                steer_rows.append(
-                    {
-                        "site": site,
-                        "layer": layer,
-                        "feature": f,
-                        "direction": kind,
-                        "alpha": float(alpha),
-                        "decoder_norm": float(direction.norm()),
-                        "logit_diff": float(out.logit_diff.mean()),
-                        "logit_diff_change": float(out.logit_diff.mean() - base.logit_diff.mean()),
-                        "accuracy": float(out.correct.mean()),
-                        "top1_changed": float((out.top_token != base.top_token).mean()),
-                        "top_tokens": [decode(tokenizer, int(t)) for t in up],
-                        "top_token_logit_change": [float(delta[t]) for t in up],
-                        "attribution_score": float(r.score),
-                    }
-                )
+                steer = ((hook, alpha * vec),) if alpha else ()
+                steers.append((r, kind, alpha, direction, Request(seed=runs.seeds[0], steer=steer)))
+    # All steered runs at once, many per forward pass; alpha 0 is the clean run.
+    outs = runs.iv.run_many([req for *_, req in steers if req.steer])[::-1]
+    steer_rows = []
+    for r, kind, alpha, direction, req in steers:
+        site, layer, f = r.site, int(r.layer), int(r.feature)
+        out = outs.pop() if req.steer else base
+        delta = out.mean_logits - base.mean_logits
+        # At alpha 0 nothing moves: no top tokens to name.
+        up = np.argsort(-delta, kind="stable")[: cfg.top_tokens] if alpha else []
+        steer_rows.append(
+            {
+                "site": site,
+                "layer": layer,
+                "feature": f,
+                "direction": kind,
+                "alpha": float(alpha),
+                "decoder_norm": float(direction.norm()),
+                "logit_diff": float(out.logit_diff.mean()),
+                "logit_diff_change": float(out.logit_diff.mean() - base.logit_diff.mean()),
+                "accuracy": float(out.correct.mean()),
+                "top1_changed": float((out.top_token != base.top_token).mean()),
+                "top_tokens": [decode(tokenizer, int(t)) for t in up],
+                "top_token_logit_change": [float(delta[t]) for t in up],
+                "attribution_score": float(r.score),
+            }
+        )
     steering = pd.DataFrame(steer_rows) if steer_rows else empty_steer
     return ablate, steering
 

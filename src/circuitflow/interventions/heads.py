@@ -19,7 +19,9 @@ def head_label(layer: int, head: int) -> str:
 
 def single_heads(runs: Runs, model_cfg, attribution_heads: pd.DataFrame | None, level: float):
     rows = []
-    for node in head_nodes(model_cfg.n_layers, model_cfg.n_heads):
+    nodes = head_nodes(model_cfg.n_layers, model_cfg.n_heads)
+    runs.prefetch([[node] for node in nodes])
+    for node in nodes:
         rows.append({"layer": node.layer, "head": node.index} | runs.effect([node], level))
     frame = pd.DataFrame(rows)
     if attribution_heads is not None and len(attribution_heads):
@@ -53,9 +55,14 @@ def head_sets(
                 rng = np.random.default_rng([base_seed, size, draw, 29])
                 pick = sorted(rng.choice(len(all_heads), size, replace=False))
                 sets.append(("random", tuple(all_heads[i] for i in pick)))
+
+    def nodes_of(combo: tuple) -> list[Node]:
+        return [Node("head", layer, head) for layer, head in combo]
+
+    runs.prefetch([nodes_of(combo) for _, combo in sets])
     rows = []
     for kind, combo in sets:
-        nodes = [Node("head", layer, head) for layer, head in combo]
+        nodes = nodes_of(combo)
         eff = runs.effect(nodes, cfg.ci_level)
         additive = float(sum(single[h] for h in combo))
         rows.append(

@@ -11,8 +11,9 @@ from circuitflow.plots import layer_head_grid, pyplot
 
 
 def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
-    """Faithfulness and completeness of the top-n circuit against n, with the random circuits'
-    mean and 5-95% band."""
+    """Faithfulness and completeness of the top-n circuit against n, on the selection half the
+    circuit was chosen on (solid) and the held-out half (dashed), with the random circuits'
+    mean and 5-95% band (selection half)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharex=True)
     top = curves[curves["circuit"] == "top"].drop_duplicates("n").sort_values("n")
@@ -23,18 +24,21 @@ def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
             q = pd.DataFrame({"mean": g.mean(), "lo": g.quantile(0.05), "hi": g.quantile(0.95)})
             ax.fill_between(q.index, q["lo"], q["hi"], color="0.7", alpha=0.5, label="random 5-95%")
             ax.plot(q.index, q["mean"], color="0.4", ls="--", label="random mean")
-        ax.errorbar(
-            top["n"],
-            top[metric],
-            yerr=top[f"{metric}_std"].fillna(0),
-            marker="o",
-            ms=3,
-            color="C0",
-            label="top-n by attribution",
-        )
+        for half, style, label in (("", "-", "selection half"), ("_heldout", "--", "held out")):
+            ax.errorbar(
+                top["n"],
+                top[f"{metric}{half}"],
+                yerr=top[f"{metric}{half}_std"].fillna(0),
+                marker="o",
+                ms=3,
+                ls=style,
+                color="C0" if not half else "C2",
+                label=f"top-n by attribution, {label}",
+            )
         graph = curves[curves["circuit"] == "graph"]
         if len(graph):
-            ax.plot(graph["n"], graph[metric], "D", color="C1", label="attribution graph")
+            ax.plot(graph["n"], graph[f"{metric}_heldout"], "D", color="C1",
+                    label="attribution graph (held out)")  # fmt: skip
         if metric == "faithfulness":
             ax.axhline(threshold, color="C3", lw=0.8, ls=":", label=f"{threshold:g}")
         ax.axhline(0, color="k", lw=0.5)
@@ -43,7 +47,7 @@ def circuit_curves(curves: pd.DataFrame, threshold: float, title: str):
             ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("circuit size n (nodes)")
         ax.set_ylabel(metric)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -56,6 +56,8 @@ from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.stats import Runs, seeds_for
 from circuitflow.io import save_figure, write_json, write_parquet
 from circuitflow.nodes import component_nodes, site_layer
+from circuitflow.perf import PassCounter
+from circuitflow.prompts import selection_half
 
 log = logging.getLogger(__name__)
 METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
@@ -88,10 +90,11 @@ def read_attribution(attr_dir: Path | str) -> AttributionResults:
 @dataclass
 class Circuits:
     curves: pd.DataFrame
-    ranked: list  # candidate nodes by |attribution score|
-    size: int  # the circuit size reported
-    smallest: int | None  # the smallest faithful size
+    ranked: list  # candidate nodes by |attribution score| on the selection half
+    size: int | None  # the circuit size reported; None when no size is faithful
+    smallest: int | None  # the smallest faithful size (selection half)
     features_as_nodes: bool
+    selection: Any  # mask over prompts: the selection half
 
 
 def circuits(
@@ -101,9 +104,11 @@ def circuits(
     cfg: InterventionsConfig,
     model_cfg,
     base_seed: int,
+    selection,
 ) -> Circuits:
-    """Candidates ranked by attribution, the curves over circuit sizes, the smallest faithful
-    size (grid, then bisection) and the attribution graph's own node set as a circuit."""
+    """Candidates ranked by attribution on the selection half, the curves over circuit sizes,
+    the smallest faithful size on the selection half (grid, then bisection) and the attribution
+    graph's own node set as a circuit."""
     active = None
     if attr.components is not None and len(attr.components):
         if cfg.circuit_nodes == "features" and saes:
@@ -113,12 +118,12 @@ def circuits(
         ranked = component_nodes(model_cfg.n_layers, model_cfg.n_heads)
     claimed = circ.graph_nodes(attr.graph, ranked)
     sizes = circ.circuit_sizes(len(ranked), cfg, [cfg.circuit_size])
-    curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, named=claimed)
-    curves = circ.refine_smallest(runs, ranked, curves, cfg, base_seed)
+    curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, selection, named=claimed)
+    curves = circ.refine_smallest(runs, ranked, curves, cfg, base_seed, selection)
     smallest = circ.smallest_faithful(curves, cfg.faithfulness_threshold)
     size = cfg.circuit_size if cfg.circuit_size is not None else smallest
-    size = min(size, len(ranked)) if size is not None else len(ranked)
-    return Circuits(curves, ranked, size, smallest, bool(active))
+    size = min(size, len(ranked)) if size is not None else None
+    return Circuits(curves, ranked, size, smallest, bool(active), selection)
 
 
 def top_heads(attr: AttributionResults, singles: pd.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -164,18 +169,34 @@ def summarise(
 ) -> dict[str, Any]:
     curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
     top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
-    band_f = circ.random_band(curves, "faithfulness")
-    band_c = circ.random_band(curves, "completeness")
 
-    def band(b: pd.DataFrame, n: int | None) -> float | None:
+    def at(n: int | None, column: str) -> float | None:
+        return float(top_rows.loc[n, column]) if n is not None else None
+
+    def band(column: str, n: int | None) -> float | None:
+        b = circ.random_band(curves, column)
         return float(b.loc[n, "mean"]) if n is not None and n in b.index else None
 
-    return {
+    def nodes(n: int | None) -> list[str] | None:
+        return None if n is None else [node.id for node in ranked[:n]]
+
+    if cfg.circuit_size is not None:
+        source = "config"
+    elif smallest is not None:
+        source = "smallest faithful on the selection half"
+    else:
+        source = (
+            f"none: no circuit size reaches faithfulness {cfg.faithfulness_threshold} on the "
+            "selection half"
+        )
+    summary = {
         "behaviour": behaviour,
         "ablation": cfg.ablation,
         "mean_reference": cfg.mean_reference if cfg.ablation == "mean" else None,
         "metric": METRIC,
         "n_prompts": n_prompts,
+        "n_prompts_selection": int(c.selection.sum()),
+        "n_prompts_heldout": int((~c.selection).sum()),
         "seeds": runs.seeds,
         "logit_diff_clean": float(runs.base.logit_diff.mean()),
         "logit_diff_empty": float(top_rows["m_empty"].iloc[0]),
@@ -185,34 +206,37 @@ def summarise(
         ],
         "n_nodes": len(ranked),
         "n_nodes_by_kind": circ.count_kinds(ranked),
-        "circuit_size": int(size),
-        "circuit_size_source": "config" if cfg.circuit_size is not None else "smallest faithful",
-        "circuit": [node.id for node in ranked[:size]],
-        "faithfulness": float(top_rows.loc[size, "faithfulness"]),
-        "faithfulness_std": float(top_rows.loc[size, "faithfulness_std"]),
-        "completeness": float(top_rows.loc[size, "completeness"]),
-        "completeness_std": float(top_rows.loc[size, "completeness_std"]),
-        "random_faithfulness": band(band_f, size),
-        "random_completeness": band(band_c, size),
+        "circuit_size": size,
+        "circuit_size_source": source,
+        "circuit": nodes(size),
+    }
+    for half in ("", "_heldout"):
+        for metric in ("faithfulness", "completeness"):
+            summary[f"{metric}{half}"] = at(size, f"{metric}{half}")
+            summary[f"{metric}{half}_std"] = at(size, f"{metric}{half}_std")
+            summary[f"random_{metric}{half}"] = band(f"{metric}{half}", size)
+    summary |= {
+        "faithfulness_auc": circ.faithfulness_auc(curves, len(ranked), "faithfulness_heldout"),
+        "faithfulness_auc_selection": circ.faithfulness_auc(curves, len(ranked), "faithfulness"),
         "faithfulness_threshold": cfg.faithfulness_threshold,
         "smallest_faithful_size": smallest,
-        "smallest_faithful_circuit": None
-        if smallest is None
-        else [node.id for node in ranked[:smallest]],
+        "smallest_faithful_circuit": nodes(smallest),
         "smallest_faithful_fraction": None if smallest is None else smallest / len(ranked),
         "smallest_faithful_by_kind": None
         if smallest is None
         else circ.count_kinds(ranked[:smallest]),
-        "random_faithfulness_at_smallest": band(band_f, smallest),
+        "random_faithfulness_at_smallest": band("faithfulness", smallest),
         "graph_circuit": circ.graph_summary(curves),
-        "faithfulness_curve": {int(n): float(v) for n, v in top_rows["faithfulness"].items()},
-        "completeness_curve": {int(n): float(v) for n, v in top_rows["completeness"].items()},
         "top_heads": singles.head(5)[["layer", "head", "score", "drop_frac"]].to_dict("records"),
         "top_k_heads": [hd.head_label(*h) for h in top],
         "n_runs": runs.n_runs,
         "config": asdict(cfg),
         "seconds": seconds,
     }
+    for column in ("faithfulness", "completeness", "faithfulness_heldout", "completeness_heldout"):
+        curve = {int(n): float(v) for n, v in top_rows[column].items()}
+        summary[column.replace("ness", "ness_curve", 1)] = curve
+    return summary
 
 
 def intervene(
@@ -225,9 +249,11 @@ def intervene(
     behaviour: str,
     out_dir: Path | str,
     base_seed: int = 0,
+    bypass_bos: bool = False,
 ) -> dict[str, Any]:
     """Write circuits.parquet, heads.parquet, head_sets.parquet, features.parquet,
-    steering.parquet, the figures and summary.json (last) into `out_dir`."""
+    steering.parquet, the figures and summary.json (last) into `out_dir`. `bypass_bos`: the
+    SAEs were trained without BOS, so they are bypassed there (as in attribution)."""
     t0 = time.perf_counter()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -235,18 +261,31 @@ def intervene(
         prompts = prompts.iloc[: cfg.max_prompts]
     prompts = prompts.reset_index(drop=True)
     attr = read_attribution(attribution_dir)
-    iv = Intervener(model, prompts, cfg.ablation, cfg.mean_reference, cfg.batch_size, saes)
-    runs = Runs(iv, seeds_for(cfg, base_seed))
-
-    c = circuits(runs, attr, saes, cfg, model.cfg, base_seed)
-    t_circuits = time.perf_counter() - t0
-    singles = hd.single_heads(runs, model.cfg, attr.heads, cfg.ci_level)
-    top = top_heads(attr, singles, cfg.top_k_heads)
-    sets = hd.head_sets(runs, singles, top, cfg, model.cfg, base_seed)
-    t_heads = time.perf_counter() - t0 - t_circuits
-    ablated, steering = feat.feature_interventions(
-        runs, attr.features, saes, tokenizer, cfg, base_seed
+    counter = PassCounter()
+    iv = Intervener(
+        model,
+        prompts,
+        cfg.ablation,
+        cfg.mean_reference,
+        cfg.batch_size,
+        saes,
+        bypass_bos,
+        cfg.runs_per_pass,
+        counter,
     )
+    with counter.part("circuits"):
+        runs = Runs(iv, seeds_for(cfg, base_seed))
+        c = circuits(runs, attr, saes, cfg, model.cfg, base_seed, selection_half(prompts))
+    t_circuits = time.perf_counter() - t0
+    with counter.part("heads"):
+        singles = hd.single_heads(runs, model.cfg, attr.heads, cfg.ci_level)
+        top = top_heads(attr, singles, cfg.top_k_heads)
+        sets = hd.head_sets(runs, singles, top, cfg, model.cfg, base_seed)
+    t_heads = time.perf_counter() - t0 - t_circuits
+    with counter.part("features"):
+        ablated, steering = feat.feature_interventions(
+            runs, attr.features, saes, tokenizer, cfg, base_seed
+        )
     t_total = time.perf_counter() - t0
     seconds = {
         "circuits": t_circuits,
@@ -265,14 +304,15 @@ def intervene(
     out = Path(out_dir)
     write(out, tables, cfg, model.cfg, behaviour)
     summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds)
+    summary |= counter.summary(len(prompts))
     write_json(out / "summary.json", summary)  # last: the rule's main output
     log.info(
-        "%s: faithfulness %.3f, completeness %.3f at n=%d; smallest faithful n=%s; %d runs, %.1f s",
+        "%s: at n=%s faithfulness %s (held out %s), completeness %s; %d runs, %.1f s",
         behaviour,
-        summary["faithfulness"],
-        summary["completeness"],
         c.size,
-        c.smallest,
+        summary["faithfulness"],
+        summary["faithfulness_heldout"],
+        summary["completeness"],
         runs.n_runs,
         t_total,
     )
@@ -290,25 +330,30 @@ def run(
 ) -> dict[str, Any]:
     """The stage: load the model, prompts and SAEs named by the rule, then `intervene`."""
     from circuitflow.attribution.splice import load_saes
-    from circuitflow.model.load import load_model, load_tokenizer
+    from circuitflow.devices import precise_math
+    from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
 
     cfg = InterventionsConfig.from_dict(config.get("interventions"))
     prompts = read_prompts(prompts_path)
     model_dir = Path(model_json).parent
-    model = load_model(model_dir, config["device"], config["model"]["dtype"])
+    model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)
-    return intervene(
-        model,
-        prompts,
-        attribution_dir,
-        saes,
-        load_tokenizer(model_dir),
-        cfg,
-        behaviour,
-        out_dir,
-        int(config.get("seed", 0)),
-    )
+    # As attribution spliced the SAEs (it read how they were trained from the activations).
+    graph = read_attribution(attribution_dir).graph or {}
+    with precise_math():
+        return intervene(
+            model,
+            prompts,
+            attribution_dir,
+            saes,
+            load_tokenizer(model_dir),
+            cfg,
+            behaviour,
+            out_dir,
+            int(config.get("seed", 0)),
+            bool(graph.get("bypass_bos", False)),
+        )
 
 
 def across(

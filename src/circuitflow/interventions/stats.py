@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
-from circuitflow.interventions.ablation import Intervener, Outcome, calibration_error
+from circuitflow.interventions.ablation import Intervener, Outcome, Request, calibration_error
 from circuitflow.interventions.config import InterventionsConfig
 
 
@@ -40,14 +42,40 @@ class Runs:
         self.iv = iv
         self.seeds = seeds
         self.cache: dict[tuple, Outcome] = {}
+        self._queued: dict[tuple, Request] = {}
         self.base = iv.run(())
         self.n_runs = 1
+
+    def _key(self, nodes: frozenset, seed: int) -> tuple:
+        return (nodes, seed if self.iv.kind == "resample" else None)
+
+    def prefetch(
+        self, node_sets: Iterable, seeds: Iterable[int] | None = None, defer: bool = False
+    ) -> None:
+        """Run every (node set, seed) not cached yet, many runs per forward pass (see
+        `Intervener.run_many`), so that later `get`s are cache hits. With `defer`, only queue
+        them until `flush`."""
+        for nodes in node_sets:
+            nodes = frozenset(nodes)
+            for seed in self.seeds if seeds is None else seeds:
+                key = self._key(nodes, seed)
+                if nodes and key not in self.cache and key not in self._queued:
+                    self._queued[key] = Request(nodes, seed)
+        if not defer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Run the queued (node set, seed)s."""
+        queued, self._queued = self._queued, {}
+        for key, outcome in zip(queued, self.iv.run_many(list(queued.values())), strict=True):
+            self.cache[key] = outcome
+        self.n_runs += len(queued)
 
     def get(self, nodes, seed: int) -> Outcome:
         nodes = frozenset(nodes)
         if not nodes:
             return self.base
-        key = (nodes, seed if self.iv.kind == "resample" else None)
+        key = self._key(nodes, seed)
         if key not in self.cache:
             self.cache[key] = self.iv.run(sorted(nodes), seed=seed)
             self.n_runs += 1

@@ -60,7 +60,14 @@ def read_model_json(model_dir: Path | str) -> dict:
     path = Path(model_dir) / MODEL_JSON
     if not path.is_file():
         raise InputError(f"{path} does not exist: run the model stage first")
-    return json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+    except ValueError as err:
+        raise InputError(f"{path}: not readable JSON ({err})") from None
+    missing = [k for k in ("kind", "architecture", "weights_sha256") if k not in info]
+    if missing:
+        raise InputError(f"{path}: not a model.json (no {', '.join(missing)})")
+    return info
 
 
 def architecture_of(cfg) -> dict:
@@ -74,24 +81,34 @@ def _apply_hf_home(hf_cache: str | None) -> None:
         os.environ["HF_HOME"] = str(Path(hf_cache).expanduser())
 
 
-def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto"):
-    """The model described by `model_dir/model.json`, in eval mode, on `device`."""
+def load_for_analysis(model_dir: Path | str, device: str = "auto"):
+    """The model in float32, whatever `model.dtype` says: every stage that measures (baseline,
+    SAE evaluation, attribution, interventions) reads its numbers from this one. The models
+    here are at most 0.5B parameters, so float32 costs little; `model.dtype` governs capture.
+    Callers compute under devices.precise_math() (no TF32)."""
+    return load_model(model_dir, device, "float32", fast_math=False)
+
+
+def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
+               fast_math: bool = True):  # fmt: skip
+    """The model described by `model_dir/model.json`, in eval mode, on `device`; `fast_math`
+    turns on TF32 matmuls on GPUs (throughput work only)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     model_dir = Path(model_dir)
     info = read_model_json(model_dir)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    enable_fast_math(device)
+    if fast_math:
+        enable_fast_math(device)
     kind = info["kind"]
     if kind == "embedded":
-        from safetensors.torch import load_file
         from transformers import PreTrainedTokenizerFast
 
         cfg = HookedTransformerConfig(**info["tl_config"])
         tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir / TOKENIZER_DIR)
         model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
-        model.load_state_dict(load_file(model_dir / WEIGHTS))
+        model.load_state_dict(_read_weights(model_dir / WEIGHTS))
         model.to(torch_dtype)
         model.to(device)
     elif kind == "transformer_lens":
@@ -105,6 +122,18 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto")
         raise InputError(f"{model_dir / MODEL_JSON}: unknown model kind {kind!r}")
     model.eval()
     return model
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The embedded model's safetensors, refusing a missing or damaged file in one line."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise InputError(f"{path}: missing; rerun the model stage")
+    try:
+        return load_file(path)
+    except Exception as err:  # noqa: BLE001 - safetensors raises several types for a bad file
+        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
 
 
 def load_local_hf(path: str | Path, device: str, dtype: torch.dtype):

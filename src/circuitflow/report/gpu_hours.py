@@ -9,8 +9,10 @@ For a resolved config whose model the suite covers (GPT-2 small, Qwen2.5-0.5B):
   variant when one matches the config's architecture, width and k; otherwise the FLOP rate the
   nearest variant reached, applied to this SAE's FLOPs per token);
 - attribution: per behaviour, `n_prompts` (or `max_prompts`) prompts; the suite times the fast
-  pass (atp: 4 forward-pass equivalents); the configured method, exact patching and edges are
-  counted in forward-pass equivalents (perf.attribution_passes) and charged at the same rate.
+  pass (atp: 4 forward-pass equivalents); the configured method, exact patching, edges and
+  their validation (on `validation_prompts` prompts) are counted in forward-pass equivalents
+  (perf.attribution_passes, checked against the stage's own count by tests/attribution) and
+  charged at the same rate.
 
 When the suite ran on an A100 the hours are measured A100-hours. Otherwise they are projected to
 an A100: the stage is assumed to reach the same share of the A100's datasheet peak (bf16 312
@@ -143,20 +145,25 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
 
     rec = _one(suite, key, "attribution")
     acfg = AttributionConfig.from_dict(config.get("attribution"))
-    passes = perf.attribution_passes(arch, n_hooks, acfg)
-    prompts = sum(
+    counts = [
         min(b.get("n_prompts", 256), acfg.max_prompts or math.inf)
         for b in config["behaviours"].values()
-    )
+    ]
+    prompts = sum(counts)
+    per_behaviour = [perf.attribution_passes(arch, n_hooks, acfg, n, d_sae) for n in counts]
+    passes = {
+        k: sum(p[k] * n for p, n in zip(per_behaviour, counts, strict=True)) / prompts
+        for k in per_behaviour[0]
+    }
     per_pass = perf.attribution_forward_flops_per_prompt(arch, rec["prompt_length"], n_hooks, d_sae)
     work_flops = prompts * sum(passes.values()) * per_pass
     share_model = perf.forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
     model_part = share_model / per_pass
     peak = 1 / (model_part / _a100_peak("bfloat16") + (1 - model_part) / _a100_peak("float32"))
     s, source = _seconds(rec, work_flops, peak, suite)
-    detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
+    detail = ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
     source += (
-        f"; {acfg.method}: {sum(passes.values()):.0f} forward-pass equivalents a prompt "
+        f"; {acfg.method}: {sum(passes.values()):.1f} forward-pass equivalents a prompt "
         f"({detail}) at the measured atp rate, prompts of {rec['prompt_length']} tokens"
     )
     n_beh = len(config["behaviours"])

@@ -220,7 +220,19 @@ def _first(items: list, n: int) -> str:
 def _graph_cell(graph: dict | None) -> str:
     if not graph:
         return "no graph"
-    return f"{graph['faithfulness']:.3f}, {graph['completeness']:.3f} ({graph['n']} nodes)"
+    heldout = graph.get("faithfulness_heldout", float("nan"))
+    return (
+        f"{graph['faithfulness']:.3f} (held out {heldout:.3f}), "
+        f"{graph['completeness']:.3f} ({graph['n']} nodes)"
+    )
+
+
+def _mean_std(summary: dict, key: str) -> str:
+    """`mean ± std` of a summary metric, or why there is none (no faithful circuit size)."""
+    value = summary.get(key)
+    if value is None:
+        return "none: no circuit size is faithful on the selection half"
+    return f"{value:.3f} ± {summary.get(key + '_std') or 0:.3f}"
 
 
 def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) -> list:
@@ -229,19 +241,26 @@ def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) ->
     attr_dir, iv_dir = Path(attr_dir), Path(iv_dir)
     sections = []
     summary = json.loads((iv_dir / "summary.json").read_text())
+    halves = (f"{summary.get('n_prompts_selection')} prompts to choose the circuit on, "
+              f"{summary.get('n_prompts_heldout')} held out")  # fmt: skip
     rows = [
         ("ablation", summary.get("ablation")),
+        ("prompts", halves),
         ("logit difference, clean model", summary.get("logit_diff_clean")),
         ("logit difference, everything ablated", summary.get("logit_diff_empty")),
         ("circuit size (source)", f"{summary.get('circuit_size')} "
          f"({summary.get('circuit_size_source')})"),
         ("circuit (top nodes)", _first(summary.get("circuit") or [], 24)),
-        ("faithfulness ± std", f"{summary.get('faithfulness', float('nan')):.3f} ± "
-         f"{summary.get('faithfulness_std') or 0:.3f}"),
-        ("faithfulness, random circuits (control)", summary.get("random_faithfulness")),
-        ("completeness ± std", f"{summary.get('completeness', float('nan')):.3f} ± "
-         f"{summary.get('completeness_std') or 0:.3f}"),
-        ("completeness, random circuits (control)", summary.get("random_completeness")),
+        ("faithfulness ± std, selection half", _mean_std(summary, "faithfulness")),
+        ("faithfulness ± std, held-out half", _mean_std(summary, "faithfulness_heldout")),
+        ("faithfulness, random circuits of that make-up (control, held out)",
+         summary.get("random_faithfulness_heldout")),
+        ("completeness ± std, selection half", _mean_std(summary, "completeness")),
+        ("completeness ± std, held-out half", _mean_std(summary, "completeness_heldout")),
+        ("completeness, random circuits (control, held out)",
+         summary.get("random_completeness_heldout")),
+        ("mean faithfulness over log circuit size (AUC), held out",
+         summary.get("faithfulness_auc")),
         ("circuit candidates", f"{summary.get('n_nodes')} nodes: {summary.get('circuit_nodes')}"),
         (f"smallest circuit with faithfulness >= {summary.get('faithfulness_threshold')}",
          f"{summary.get('smallest_faithful_size')} nodes "

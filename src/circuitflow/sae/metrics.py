@@ -8,6 +8,9 @@ import torch
 from sae_lens import SAE, HookedSAETransformer
 from transformer_lens import HookedTransformer
 
+from circuitflow.devices import precise_math
+from circuitflow.metrics import next_token_losses
+
 
 def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
     """Return ``model`` as a HookedSAETransformer (a weight-sharing-free copy if it is not one).
@@ -32,7 +35,8 @@ def evaluate_sae(
     bos_token_id: int,
     batch_size: int = 16,
 ) -> dict[str, float | None]:
-    """Return l0, explained_variance, ce_clean, ce_sae, ce_zero and ce_loss_recovered.
+    """Return l0, explained_variance, ce_clean, ce_sae, ce_zero and ce_loss_recovered, in
+    float32 (losses from float32 logits, sums in float64) whatever the model's dtype.
 
     The SAE is spliced in with ``HookedSAETransformer.add_sae`` at ``sae.cfg.metadata.hook_name``.
     When the training data excluded BOS, the SAE is bypassed at BOS (as SAELens's
@@ -47,45 +51,51 @@ def evaluate_sae(
     sae = sae.to(device).eval()
     exclude = [bos_token_id] if exclude_bos else False
 
-    sums = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
-    n_ctx = 0
+    # Long sums in float64: 64 contexts x 31 tokens of losses, 10^5 squared activations.
+    ce_sum = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
+    n_tokens = 0
     sq_err = l0_sum = 0.0
     x_sum: torch.Tensor | None = None
     x_sq_sum = 0.0
     n_pos = 0
-    for start in range(0, len(contexts), batch_size):
-        toks = contexts[start : start + batch_size].to(device)
-        keep = (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
+    with precise_math():
+        for start in range(0, len(contexts), batch_size):
+            toks = contexts[start : start + batch_size].to(device)
+            keep = (
+                (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
+            )
 
-        loss, cache = hooked.run_with_cache(toks, return_type="loss", names_filter=hook_name)
-        x = cache[hook_name][keep].float()
-        feats = sae.encode(x.to(sae.dtype))
-        recon = sae.decode(feats).float()
-        sq_err += (x - recon).pow(2).sum().item()
-        l0_sum += (feats != 0).sum().item()
-        x_sum = x.double().sum(0) if x_sum is None else x_sum + x.double().sum(0)
-        x_sq_sum += x.double().pow(2).sum().item()
-        n_pos += x.shape[0]
+            logits, cache = hooked.run_with_cache(toks, names_filter=hook_name)
+            x = cache[hook_name][keep].float()
+            feats = sae.encode(x.to(sae.dtype))
+            recon = sae.decode(feats).float()
+            sq_err += (x - recon).double().pow(2).sum().item()
+            l0_sum += (feats != 0).sum().item()
+            x_sum = x.double().sum(0) if x_sum is None else x_sum + x.double().sum(0)
+            x_sq_sum += x.double().pow(2).sum().item()
+            n_pos += x.shape[0]
 
-        hooked.add_sae(sae, use_error_term=False, exclude_special_tokens=exclude)
-        try:
-            loss_sae = hooked(toks, return_type="loss")
-        finally:
-            hooked.reset_saes()
+            hooked.add_sae(sae, use_error_term=False, exclude_special_tokens=exclude)
+            try:
+                logits_sae = hooked(toks, return_type="logits")
+            finally:
+                hooked.reset_saes()
 
-        def zero_hook(act: torch.Tensor, hook: object, keep: torch.Tensor = keep) -> torch.Tensor:
-            return act * (~keep).unsqueeze(-1).to(act.dtype)
+            def zero_hook(
+                act: torch.Tensor, hook: object, keep: torch.Tensor = keep
+            ) -> torch.Tensor:
+                return act * (~keep).unsqueeze(-1).to(act.dtype)
 
-        loss_zero = hooked.run_with_hooks(
-            toks, return_type="loss", fwd_hooks=[(hook_name, zero_hook)]
-        )
-        b = toks.shape[0]
-        sums["ce_clean"] += loss.item() * b
-        sums["ce_sae"] += loss_sae.item() * b
-        sums["ce_zero"] += loss_zero.item() * b
-        n_ctx += b
+            logits_zero = hooked.run_with_hooks(toks, fwd_hooks=[(hook_name, zero_hook)])
+            for key, out in (
+                ("ce_clean", logits),
+                ("ce_sae", logits_sae),
+                ("ce_zero", logits_zero),
+            ):
+                ce_sum[key] += next_token_losses(out, toks).double().sum().item()
+            n_tokens += toks.shape[0] * (toks.shape[1] - 1)
 
-    ce = {k: v / n_ctx for k, v in sums.items()}
+    ce = {k: v / n_tokens for k, v in ce_sum.items()}
     assert x_sum is not None
     # Total variance about the mean over all evaluated positions.
     total_var_num = x_sq_sum - (x_sum.pow(2).sum().item() / n_pos)
