@@ -7,6 +7,8 @@ VENV ?= .venv
 # On a GPU machine set TORCH to the build that matches its CUDA, e.g. TORCH='torch==2.13.0'.
 TORCH ?= torch==2.13.0
 CORES ?= all
+# Test workers (pytest-xdist): the whole-DAG runs leave a core idle while one job runs.
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
@@ -32,7 +34,7 @@ check: install
 	$(ACTIVATE) snakemake --cores 1 check
 
 test: install
-	$(ACTIVATE) pytest -q
+	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(ACTIVATE) ruff check src scripts tests benchmarks .test

@@ -14,6 +14,19 @@ import pytest
 import yaml
 from helpers.dag import REPO, load_test_config, run_snakemake
 
+# Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs two
+# workers with --dist loadgroup: the tests that read one run go to one worker, which computes
+# it once; xdist schedules the groups with most tests first, so they start at once.
+SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in SHARED_RUNS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
 
 @pytest.fixture(scope="session")
 def tiny_hf_model_dir() -> Path:
