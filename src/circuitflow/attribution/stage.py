@@ -159,7 +159,8 @@ def write(
         tables["features"], cfg.top_features_plot, f"{behaviour}: top SAE features"
     )
     save_figure(out / "features.png", top)
-    write_text(out / "graph.html", graph_html(graph, f"{behaviour} circuit"))
+    page = graph_html(graph, f"{behaviour} circuit", tables["feature_contexts"])
+    write_text(out / "graph.html", page)
     write_json(out / "summary.json", summary)
     write_json(out / "graph.json", graph)  # last: the rule's main output
 
