@@ -8,7 +8,9 @@
   const POS = "#2166ac", NEG = "#b2182b";
   const R_MIN = 5, R_MAX = 18;
   const HALF = R_MAX + 8; // half a column's width: every node disk and label stays inside it
-  const CORRIDOR = 110; // between two columns: edges bend only here, where no node is
+  // Between two columns: edges bend only here, where no node is. As wide as fits the window,
+  // within these bounds (the page scrolls sideways beyond).
+  const CORRIDOR_MIN = 60, CORRIDOR_MAX = 110;
   const LABEL = 13; // the band above a node that holds its label; no edge crosses it
   const CLEAR = 4; // clearance between an edge routed through a column and its nodes
   const LANE = 2; // space between neighbouring edges routed through the same gap
@@ -138,9 +140,12 @@
       byKey.get(key).nodes.push(n);
     }
     cols.sort((a, b) => a.order - b.order || a.layer - b.layer);
+    const room = document.getElementById("graph-scroll").clientWidth - 2 * SIDE - 2;
+    const fit = (room - cols.length * 2 * HALF) / Math.max(1, cols.length - 1);
+    const corridor = Math.min(CORRIDOR_MAX, Math.max(CORRIDOR_MIN, fit));
     const pos = new Map();
     cols.forEach((c, ci) => {
-      c.x = SIDE + HALF + ci * (2 * HALF + CORRIDOR);
+      c.x = SIDE + HALF + ci * (2 * HALF + corridor);
       c.nodes.sort((a, b) => Math.abs(b.score) - Math.abs(a.score) || (a.id < b.id ? -1 : 1));
       c.nodes.forEach((n) => pos.set(n.id, { x: c.x, r: radius(n), col: ci }));
       c.lanes = new Array(c.nodes.length + 1).fill(0);
@@ -196,18 +201,19 @@
         y += v.lane;
       });
     }
-    routes.forEach((rt) => (rt.d = pathOf(rt, cols)));
-    return { cols: cols, pos: pos, routes: routes, bottom: bottom };
+    routes.forEach((rt) => (rt.d = pathOf(rt, cols, corridor)));
+    const width = 2 * SIDE + cols.length * 2 * HALF + Math.max(0, cols.length - 1) * corridor;
+    return { cols: cols, pos: pos, routes: routes, bottom: bottom, width: width };
   }
 
   // Horizontal inside every column it touches (at its node, or in a gap), a cubic bend between
   // columns whose control points share the corridor's x range: no node is ever crossed.
-  function pathOf(rt, cols) {
+  function pathOf(rt, cols, corridor) {
     const f = (x) => x.toFixed(1);
     const { a, b } = rt;
     if (a.col === b.col) {
       // Same column (not made by the stage today): a loop out into the corridor on the right.
-      const x = a.x + HALF, bend = x + CORRIDOR / 3;
+      const x = a.x + HALF, bend = x + corridor / 3;
       return `M${f(a.x)},${f(a.y)}H${f(x)}C${f(bend)},${f(a.y)} ${f(bend)},${f(b.y)} ` +
         `${f(x)},${f(b.y)}H${f(b.x)}`;
     }
@@ -234,9 +240,8 @@
   }
 
   function draw() {
-    const { cols, pos, routes, bottom } = layout(state.vis);
+    const { cols, pos, routes, bottom, width } = layout(state.vis);
     svg.textContent = "";
-    const width = 2 * SIDE + cols.length * 2 * HALF + Math.max(0, cols.length - 1) * CORRIDOR;
     const height = bottom + 16;
     svg.setAttribute("width", width);
     svg.setAttribute("height", height);
@@ -536,6 +541,7 @@
   nodeInput.addEventListener("input", update);
   edgeInput.addEventListener("input", update);
   svg.addEventListener("click", clearSelection);
+  window.addEventListener("resize", update);
   document.addEventListener("keydown", (ev) => ev.key === "Escape" && clearSelection());
   legend();
   update();
