@@ -35,7 +35,7 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("graph_page")
     acts = write_activations(model, root / "activations")
     cfg = AttributionConfig(
-        method="atp", exact_features=2, max_graph_nodes=12, edges="all", context_features=2,
+        method="atp", validation_features=4, max_graph_nodes=12, edges="all", context_features=2,
         n_contexts=4, context_window=3,
     )  # fmt: skip
     attr_dir, iv_dir = root / "attribution" / "b", root / "interventions" / "b"
@@ -182,12 +182,12 @@ def test_card_shows_the_validation_of_its_kind(run, tmp_path):
     graph = run.graph | {"validation": run.graph["validation"] | {"by_kind": by_kind}}
     page = tmp_path / "by_kind.html"
     page.write_text(graph_html(graph, "b", run.contexts))
-    head = next(n["id"] for n in run.graph["nodes"] if n["kind"] == "head")
+    other = next(n for n in run.graph["nodes"] if n["kind"] not in ("feature", "logit"))
     texts = []
-    for node in (run.features[0], head):
+    for node in (run.features[0], other["id"]):
         found = check_page(chromium(), page, tmp_path, hover=node, edge_share=1, node_share=1)
         assert found["errors"] == []
         texts.append(found["hover"]["text"])
     assert "validation on feature nodes: Spearman 0.512 of atp against exact patching over 7 " \
         "nodes" in texts[0]  # fmt: skip
-    assert "validation: graph.json has none for head nodes" in texts[1]
+    assert f"validation: graph.json has none for {other['kind']} nodes" in texts[1]
