@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The report's pages (rules in report.smk), one subcommand each: `sae` (SAE metrics per layer
 and the L0 controller), `baseline` (every behaviour's baseline metrics), `behaviour` (top
-attribution nodes, faithfulness and completeness with controls, head ablations), `provenance`
+attribution nodes, faithfulness and completeness with controls, head ablations; and the
+attribution graph's page with the steering results), `provenance`
 (the reproducibility checklist), `gpu_hours` (GPU-hours of a full run from the GPU benchmark
 suite's results) and `job_costs` (wall time, memory and GPU-hours of every job). HTML pages for
 the report, CSVs beside them."""
@@ -30,6 +31,7 @@ def run() -> None:
     p.add_argument("--interventions-dir", required=True)
     p.add_argument("--top", type=int, default=15, help="rows per table")
     p.add_argument("--out-html", required=True)
+    p.add_argument("--out-graph", help="the attribution graph page with steering results")
     p = sub.add_parser("provenance", help="the reproducibility checklist")
     p.add_argument("--provenance-dir", required=True)
     p.add_argument("--out-html", required=True)
@@ -52,6 +54,8 @@ def run() -> None:
         stage.baseline(a.json, a.out_csv, a.out_html)
     elif a.command == "behaviour":
         stage.behaviour(a.behaviour, a.attribution_dir, a.interventions_dir, a.out_html, a.top)
+        if a.out_graph:
+            stage.graph_page(a.behaviour, a.attribution_dir, a.interventions_dir, a.out_graph)
     elif a.command == "provenance":
         stage.provenance(a.provenance_dir, a.out_html)
     elif a.command == "gpu_hours":

@@ -65,10 +65,13 @@ def write_text(path: Path | str, text: str) -> None:
         tmp.write_text(text)
 
 
-def write_json(path: Path | str, obj) -> None:
+def json_text(obj, indent: int | None = None) -> str:
     """Strict JSON (NaN and infinities become null, which every JSON reader accepts)."""
-    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
-    write_text(path, text + "\n")
+    return json.dumps(_finite(obj), indent=indent, default=_json_default, allow_nan=False)
+
+
+def write_json(path: Path | str, obj) -> None:
+    write_text(path, json_text(obj, indent=2) + "\n")
 
 
 def _finite(obj):

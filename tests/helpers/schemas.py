@@ -22,6 +22,10 @@ def check_graph_schema(graph: dict) -> None:
         assert e["source"] in ids and e["target"] in ids and isinstance(e["weight"], float)
     assert {"node_threshold", "edge_threshold"} <= set(graph["thresholds"])
     assert graph["method"] in METHODS
+    # Every computed edge, before pruning (graph.html re-prunes from them).
+    computed = {(e["source"], e["target"]) for e in graph["computed_edges"]}
+    assert len(graph["computed_edges"]) == graph["n_edges_computed"]
+    assert {(e["source"], e["target"]) for e in graph["edges"]} <= computed
 
 
 HEAD_COLUMNS = {

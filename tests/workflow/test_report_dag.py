@@ -6,15 +6,13 @@ Screenshots are left in the test's temporary directory."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers.chromium import browse, chromium
 from helpers.dag import REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.slow
@@ -45,11 +43,6 @@ SHOWN = [
     ("Job costs", ["GPU-hours of a full run"], "gpu_hours.html"),
     ("Provenance", ["reproducibility checklist"], "provenance.html"),
 ]
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1000", "--virtual-time-budget=30000",
-]  # fmt: skip
 
 # Collects JavaScript errors from the start; after load, clicks through `steps` (a category
 # name, `row:a|b` for the eye button of the result whose cells read a and b, `back` for the
@@ -61,21 +54,6 @@ HEAD_JS = (
 STEPS_JS = (REPO / "tests" / "helpers" / "report_steps.js").read_text()
 
 
-def chromium() -> str:
-    """Debian's chromium, installed here if missing (CI runs as root with the registry)."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium missing and cannot be installed (not root or no apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        if done.returncode != 0:
-            pytest.skip(f"chromium cannot be installed: {' '.join(cmd)}: {done.stderr[-300:]}")
-    return shutil.which("chromium") or pytest.skip("chromium installed but not on PATH")
-
-
 def with_steps(report: Path, steps: list[str], out: Path) -> Path:
     html = report.read_text()
     html = html.replace("<head>", "<head>" + HEAD_JS, 1)
@@ -83,16 +61,6 @@ def with_steps(report: Path, steps: list[str], out: Path) -> Path:
     script = "<script>" + STEPS_JS.replace("STEPS", json.dumps(steps)) + "</script>"
     out.write_text(html[:end] + script + html[end:])
     return out
-
-
-def browse(browser: str, page: Path, *args: str) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,8 @@ rule attribution:
             category="Attribution",
             labels={"behaviour": "{behaviour}", "figure": "top SAE features"},
         ),
-        html=report(
-            f"{ATTR}/{{behaviour}}/graph.html",
-            caption="../report/attribution_graph.rst",
-            category="Attribution",
-            labels={"behaviour": "{behaviour}", "figure": "circuit graph"},
-        ),
+        # The report shows report_behaviour's copy, which adds the steering results.
+        html=f"{ATTR}/{{behaviour}}/graph.html",
     log:
         f"{OUT}/logs/attribution/{{behaviour}}.log",
     benchmark:

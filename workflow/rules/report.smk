@@ -73,12 +73,16 @@ rule report_baseline:
         " --out-html {output.html} 2> {log}"
 
 
+# Also the attribution graph's page again, with the steering results the interventions stage
+# wrote after attribution: the copy the report shows.
 rule report_behaviour:
     input:
         attribution=f"{ATTR}/{{behaviour}}/graph.json",
+        contexts=f"{ATTR}/{{behaviour}}/feature_contexts.parquet",
         interventions=f"{IV}/{{behaviour}}/summary.json",
+        steering=f"{IV}/{{behaviour}}/steering.parquet",
     output:
-        report(
+        tables=report(
             f"{REPORT}/{{behaviour}}/tables.html",
             caption="../report/behaviour_tables.rst",
             category="Tables",
@@ -86,6 +90,12 @@ rule report_behaviour:
                 "behaviour": "{behaviour}",
                 "figure": "attribution and ablation tables",
             },
+        ),
+        graph=report(
+            f"{REPORT}/{{behaviour}}/graph.html",
+            caption="../report/attribution_graph.rst",
+            category="Attribution",
+            labels={"behaviour": "{behaviour}", "figure": "circuit graph"},
         ),
     log:
         f"{OUT}/logs/report/{{behaviour}}.log",
@@ -104,7 +114,7 @@ rule report_behaviour:
     shell:
         stage("report") + " behaviour --behaviour {wildcards.behaviour}"
         " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
-        " --out-html {output} 2> {log}"
+        " --out-html {output.tables} --out-graph {output.graph} 2> {log}"
 
 
 rule report_provenance:

@@ -250,7 +250,8 @@ def build_graph(
     n_layers: int,
     meta: dict[str, Any],
 ) -> dict[str, Any]:
-    """graph.json: nodes (id, kind, layer, index, score), pruned weighted edges, thresholds."""
+    """graph.json: nodes (id, kind, layer, index, score), pruned weighted edges, thresholds and
+    every computed edge (`computed_edges`, before pruning)."""
     out_nodes = [
         {
             "id": r["id"],
@@ -278,10 +279,8 @@ def build_graph(
     all_edges = [(u, d, w) for (u, d), w in edges.items()]
     weights = np.array([w for _, _, w in all_edges], dtype=float)
     kept = cumulative_keep(weights, cfg.edge_threshold) if len(weights) else []
-    out_edges = [
-        {"source": all_edges[i][0], "target": all_edges[i][1], "weight": float(all_edges[i][2])}
-        for i in sorted(kept)
-    ]
+    as_dicts = [{"source": u, "target": d, "weight": float(w)} for u, d, w in all_edges]
+    out_edges = [as_dicts[i] for i in sorted(kept)]
     return {
         "nodes": out_nodes,
         "edges": out_edges,
@@ -295,5 +294,7 @@ def build_graph(
             "edges": cfg.edges,
         },
         "n_edges_computed": len(all_edges),
+        # Before edge pruning: graph.html's edge threshold control re-prunes from these.
+        "computed_edges": as_dicts,
         **{k: v for k, v in meta.items() if k != "method"},
     }

@@ -1,10 +1,25 @@
-"""graph.html: the attribution graph as a self-contained page (no network access needed)."""
+"""graph.html: the attribution graph as one self-contained page (no network access needed).
+
+Python writes the header (numbers rounded for people), the controls and the data the page needs
+as JSON: the graph's nodes with their labels and forward-pass order, every computed edge (not
+only the pruned ones, so the page's thresholds can re-prune), each feature's top-activating
+contexts and, once the interventions stage has run, the tokens it promotes when steered.
+`graph_page.js` (plain JavaScript, inlined) lays the graph out in columns by layer, routes every
+edge around the nodes it does not touch, and draws it as SVG with hover cards, path highlighting
+and the threshold controls; `graph_page.css` styles it.
+"""
 
 from __future__ import annotations
 
 import html
-import json
+import math
+from importlib import resources
 from typing import Any
+
+import pandas as pd
+
+from circuitflow.io import json_text
+from circuitflow.nodes import Node
 
 KIND_COLOURS = {
     "embedding": "#6a3d9a",
@@ -14,63 +29,197 @@ KIND_COLOURS = {
     "error": "#999999",
     "logit": "#e31a1c",
 }
+COLUMN_NAMES = {"embedding": "embedding", "head": "heads", "mlp": "MLP", "logit": "logit"}
+N_CONTEXTS = 6  # contexts shown per feature card
 
 
-def graph_html(graph: dict[str, Any], title: str) -> str:
-    """A self-contained page: inline SVG, nodes placed by layer (x) and kind (y), hover titles,
-    edge width by |weight|, colour by sign. No scripts from elsewhere, no external URLs."""
-    nodes = graph["nodes"]
-    cols: dict[float, list[dict]] = {}
-    for n in nodes:
-        x_key = n["layer"] + {"embedding": 0.0, "head": 0.3, "mlp": 0.6}.get(n["kind"], 0.9)
-        if n["kind"] == "logit":
-            x_key = n["layer"]
-        cols.setdefault(x_key, []).append(n)
-    xs = sorted(cols)
-    width, height = max(600, 140 * len(xs)), max(300, 60 * max(len(v) for v in cols.values()) + 60)
-    pos = {}
-    for ci, xk in enumerate(xs):
-        col = sorted(cols[xk], key=lambda n: -abs(n["score"]))
-        for ri, n in enumerate(col):
-            pos[n["id"]] = (70 + ci * (width - 140) / max(len(xs) - 1, 1), 40 + ri * 60)
-    wmax = max([abs(e["weight"]) for e in graph["edges"]] + [1e-9])
-    smax = max([abs(n["score"]) for n in nodes] + [1e-9])
-    parts = []
-    for e in graph["edges"]:
-        if e["source"] not in pos or e["target"] not in pos:
+def rounded(x: Any, digits: int = 3) -> str:
+    """`x` to `digits` significant digits, for people: 0.856, 6.47, -0.00857, 1230."""
+    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "n/a" if x is None else str(x)
+    if not math.isfinite(x):
+        return str(x)
+    return f"{float(f'{x:.{digits}g}'):g}"
+
+
+def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """A graph.json node plus what the page draws: short label (inside its column), full name,
+    column name and forward-pass order (the column's place)."""
+    if n["kind"] == "logit":
+        extra = {"name": "logit", "label": "logit", "column": "logit", "order": n_layers + 2.0}
+    else:
+        node = Node.of(n["kind"], n["layer"], n["index"], n.get("site"))
+        label = {"embedding": "emb", "head": f"H{node.index}", "mlp": "MLP", "error": "error"}
+        extra = {
+            "name": node.label,
+            "label": label.get(node.kind, f"#{node.index}"),
+            "column": COLUMN_NAMES.get(node.kind, node.site),
+            "order": node.order,
+        }
+    keys = ("id", "kind", "layer", "index", "site", "score", "score_source")
+    return {k: n.get(k) for k in keys} | extra
+
+
+def _split_context(text: str, token: str) -> dict[str, str]:
+    """contexts.py's `text` (the maximum token in [[...]]) as before / token / after."""
+    mark = f" [[{token}]] "
+    at = text.find(mark) if token else -1
+    if at < 0:  # an unusual decoding: show the text as it is
+        return {"before": text, "token": "", "after": ""}
+    return {"before": text[:at], "token": token, "after": text[at + len(mark) :]}
+
+
+def feature_contexts(contexts: pd.DataFrame | None, n: int = N_CONTEXTS) -> dict[str, list]:
+    """node id -> its top-activating contexts (activation, before, token, after), best first."""
+    if contexts is None or contexts.empty:
+        return {}
+    out: dict[str, list] = {}
+    for r in contexts.sort_values(["site", "layer", "feature", "rank"]).itertuples():
+        node_id = Node("feature", int(r.layer), int(r.feature), r.site).id
+        rows = out.setdefault(node_id, [])
+        if len(rows) < n:
+            rows.append({"activation": float(r.activation)} | _split_context(r.text, r.max_token))
+    return out
+
+
+def steering_tokens(steering: pd.DataFrame | None) -> dict[str, dict] | None:
+    """node id -> what steering along the feature's decoder direction did at the largest positive
+    alpha: the tokens it promotes (mean logit change), the logit difference's change, and the
+    same-norm random direction's change (the control). None: the interventions stage has not
+    run (the page says so)."""
+    if steering is None:
+        return None
+    out = {}
+    rows = steering[steering["alpha"] > 0] if "alpha" in steering else steering.iloc[:0]
+    for (site, layer, feature), sub in rows.groupby(["site", "layer", "feature"]):
+        alpha = sub["alpha"].max()
+        at = sub[sub["alpha"] == alpha].set_index("direction")
+        if "feature" not in at.index:
             continue
-        (x1, y1), (x2, y2) = pos[e["source"]], pos[e["target"]]
-        colour = "#2166ac" if e["weight"] > 0 else "#b2182b"
-        w = 0.5 + 6 * abs(e["weight"]) / wmax
-        parts.append(
-            f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{colour}" '
-            f'stroke-width="{w:.2f}" stroke-opacity="0.6"><title>'
-            f"{html.escape(e['source'])} -> {html.escape(e['target'])}: {e['weight']:.4g}"
-            "</title></line>"
+        own = at.loc["feature"]
+        random = at.loc["random", "logit_diff_change"] if "random" in at.index else None
+        out[Node("feature", int(layer), int(feature), site).id] = {
+            "alpha": float(alpha),
+            "tokens": [str(t) for t in own["top_tokens"]],
+            "changes": [float(c) for c in own["top_token_logit_change"]],
+            "logit_diff_change": float(own["logit_diff_change"]),
+            "random_logit_diff_change": None if random is None else float(random),
+        }
+    return out
+
+
+def page_data(
+    graph: dict[str, Any],
+    contexts: pd.DataFrame | None = None,
+    steering: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """Everything graph_page.js reads. Older graph.json files without `computed_edges` or
+    `score_abs_total` fall back to the pruned edges and the graph's own nodes."""
+    logit = next(n for n in graph["nodes"] if n["kind"] == "logit")
+    nodes = [_node(n, int(logit["layer"])) for n in graph["nodes"]]
+    inner = sum(abs(n["score"]) for n in nodes if n["kind"] != "logit")
+    thresholds = graph.get("thresholds", {})
+    # Without the stage's total the share is of the graph's own nodes: show them all.
+    node_threshold = thresholds.get("node_threshold", 1.0) if "score_abs_total" in graph else 1.0
+    return {
+        "nodes": nodes,
+        "edges": graph.get("computed_edges") or graph["edges"],
+        "edges_pruned_in_json": "computed_edges" not in graph,
+        "score_abs_total": graph.get("score_abs_total") or inner,
+        "n_nodes_scored": graph.get("n_nodes_scored"),
+        "node_threshold": node_threshold,
+        "edge_threshold": thresholds.get("edge_threshold", 1.0),
+        "method": graph.get("method"),
+        "validation": graph.get("validation") or {},
+        "metric_clean": graph.get("metric_clean"),
+        "metric_corrupted": graph.get("metric_corrupted"),
+        "colours": KIND_COLOURS,
+        "contexts": feature_contexts(contexts),
+        "steering": steering_tokens(steering),
+    }
+
+
+def _header(graph: dict[str, Any], title: str) -> str:
+    """Title and the run's numbers, rounded: metric, validation (per kind and of edges when
+    graph.json has them), sizes."""
+    val = graph.get("validation") or {}
+    verdict = {True: "passed", False: "failed"}.get(val.get("passed"), "not judged")
+    lines = [
+        f"metric: {html.escape(str(graph.get('metric', 'logit difference')))}, "
+        f"clean {rounded(graph.get('metric_clean'))}, "
+        f"corrupted {rounded(graph.get('metric_corrupted'))}; "
+        f"{graph.get('n_prompts', 'n/a')} prompts",
+        f"node scores: {html.escape(str(graph.get('method')))} (fast method) on every node, exact "
+        f"patching where computed; validation Spearman {rounded(val.get('spearman'))} over "
+        f"{val.get('n_nodes', 'n/a')} nodes with both ({verdict}, threshold "
+        f"{rounded(val.get('threshold'))})",
+    ]
+    by_kind = val.get("by_kind") or {}
+    if by_kind:
+        lines.append(
+            "validation by kind: "
+            + "; ".join(
+                f"{html.escape(k)} {rounded(v.get('spearman'))} ({v.get('n_nodes', 'n/a')} nodes)"
+                for k, v in sorted(by_kind.items())
+            )
         )
-    for n in nodes:
-        x, y = pos[n["id"]]
-        r = 5 + 14 * abs(n["score"]) / smax
-        parts.append(
-            f'<g><circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="{KIND_COLOURS[n["kind"]]}">'
-            f"<title>{html.escape(n['id'])} ({n['kind']}), score {n['score']:.4g}</title></circle>"
-            f'<text x="{x + r + 3:.1f}" y="{y + 4:.1f}" font-size="11">'
-            f"{html.escape(n['id'])}</text></g>"
+    edge_val = graph.get("edge_validation") or {}
+    if edge_val:
+        lines.append(
+            f"edge validation: Spearman {rounded(edge_val.get('spearman'))} over "
+            f"{edge_val.get('n_edges', 'n/a')} edges"
         )
-    legend = " ".join(
-        f'<span style="color:{c}">&#9679; {k}</span>' for k, c in KIND_COLOURS.items()
+    if graph.get("edge_method"):
+        lines.append(f"edges: {html.escape(str(graph['edge_method']))}")
+    return f"<h1>{html.escape(title)}</h1>" + "".join(
+        f'<p class="meta">{line}</p>' for line in lines
     )
-    val = graph.get("validation", {})
+
+
+def _asset(name: str) -> str:
+    return resources.files("circuitflow.attribution").joinpath(name).read_text()
+
+
+def _json_for_script(data: dict[str, Any]) -> str:
+    """JSON safe inside <script>: no `</script>` or `<!--` can end or change the element."""
+    return json_text(data).replace("<", "\\u003c")
+
+
+CONTROLS = """
+<div id="controls">
+  <label>nodes: cumulative |score| share
+    <input type="range" id="node-threshold" min="0" step="any"> <output id="node-value"></output>
+  </label>
+  <label>edges: cumulative |weight| share
+    <input type="range" id="edge-threshold" min="0" max="1" step="any">
+    <output id="edge-value"></output>
+  </label>
+  <span id="counts"></span>
+</div>
+<div id="legend"></div>
+<p class="help">Columns run through the forward pass, one band per layer (embedding left, logit
+right); within a column nodes are ordered by |score|. Node size grows with |score|, its ring is
+blue when the node helps the answer and red when it hurts; edge width grows with |weight|, blue
+edges help and red ones hurt. Hover a node for its card; click it to highlight its paths to the
+logit (click the background or press Escape to clear). The thresholds re-prune the graph as
+circuit-tracer does: the largest nodes (edges) until that share of the total is covered.</p>
+"""
+
+
+def graph_html(
+    graph: dict[str, Any],
+    title: str,
+    contexts: pd.DataFrame | None = None,
+    steering: pd.DataFrame | None = None,
+) -> str:
+    """The page: header, controls, legend and an SVG that graph_page.js draws from the data."""
+    data = _json_for_script(page_data(graph, contexts, steering))
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title></head>"
-        "<body style='font-family:sans-serif'>"
-        f"<h2>{html.escape(title)}</h2><p>{legend}</p>"
-        f"<p>method {html.escape(str(graph.get('method')))}; validation spearman "
-        f"{val.get('spearman')} (passed: {val.get('passed')}); blue edges help, red hurt.</p>"
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-        + "".join(parts)
-        + "</svg>"
-        f"<script type='application/json' id='graph'>{html.escape(json.dumps(graph))}</script>"
-        "</body></html>\n"
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_asset('graph_page.css')}</style></head>"
+        f"<body>{_header(graph, title)}{CONTROLS}"
+        '<div id="graph-scroll"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div>'
+        '<div id="card" hidden></div>'
+        f'<script type="application/json" id="graph-data">{data}</script>'
+        f"<script>{_asset('graph_page.js')}</script></body></html>\n"
     )

@@ -96,8 +96,11 @@ def build_graph(
         )
     meta["seconds"]["edge_validation"] = time.perf_counter() - t0
     meta["n_validation_prompts"] = len(validation)
-    n_layers = sp.model.cfg.n_layers
-    return circuit_graph.build_graph(nodes, edges, cfg, n_layers, meta)
+    graph = circuit_graph.build_graph(nodes, edges, cfg, sp.model.cfg.n_layers, meta)
+    # What node pruning saw: graph.html's node threshold control measures shares of this total.
+    graph["score_abs_total"] = float(scored.frame["score"].abs().sum())
+    graph["n_nodes_scored"] = len(scored.frame)
+    return graph
 
 
 def contexts(
@@ -106,20 +109,27 @@ def contexts(
     acts_files: dict[str, Path],
     tokenizer: Any,
     cfg: AttributionConfig,
+    graph_nodes: list[dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
-    """Top activating contexts of each SAE's top `context_features` features."""
+    """Top activating contexts of each SAE's top `context_features` features and of every
+    feature among `graph_nodes` (graph.json's), whose hover cards in graph.html show them."""
     frames = []
     for hook, sae in saes.items():
         site, layer = site_layer(hook)
         sub = features[(features["layer"] == layer) & (features["site"] == site)]
-        top = sub[sub["kind"] == "feature"].head(cfg.context_features)
+        top = sub[sub["kind"] == "feature"].head(cfg.context_features)["feature"].astype(int)
+        in_graph = {
+            n["index"]
+            for n in graph_nodes or []
+            if n["kind"] == "feature" and (n["site"], n["layer"]) == (site, layer)
+        }
         frames.append(
             feature_contexts.contexts(
                 acts_files[hook],
                 sae,
                 site,
                 layer,
-                top["feature"].astype(int).tolist(),
+                top.tolist() + sorted(in_graph - set(top)),
                 tokenizer,
                 cfg.n_contexts,
                 cfg.context_window,
@@ -149,7 +159,8 @@ def write(
         tables["features"], cfg.top_features_plot, f"{behaviour}: top SAE features"
     )
     save_figure(out / "features.png", top)
-    write_text(out / "graph.html", graph_html(graph, f"{behaviour} circuit"))
+    page = graph_html(graph, f"{behaviour} circuit", tables["feature_contexts"])
+    write_text(out / "graph.html", page)
     write_json(out / "summary.json", summary)
     write_json(out / "graph.json", graph)  # last: the rule's main output
 
@@ -199,7 +210,9 @@ def attribute(
     meta |= cost
     graph |= {"seconds": meta["seconds"], "seconds_per_prompt": meta["seconds_per_prompt"]}
     graph |= cost
-    tables["feature_contexts"] = contexts(tables["features"], saes, acts_files, tokenizer, cfg)
+    tables["feature_contexts"] = contexts(
+        tables["features"], saes, acts_files, tokenizer, cfg, graph["nodes"]
+    )
     summary = meta | {
         "top_heads": tables["heads"].head(5)[["layer", "head", "score"]].to_dict("records"),
         "top_components": tables["components"]

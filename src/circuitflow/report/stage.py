@@ -1,6 +1,7 @@
 """The report rules (sae_summary, report_baseline, report_behaviour, report_provenance,
 report_gpu_hours, job_costs): each writes its HTML page for `snakemake --report`, with a CSV
-beside every table and the figures. The tables and figures themselves are in `tables.py`,
+beside every table and the figures; report_behaviour also the attribution graph's page with the
+interventions' steering results. The tables and figures themselves are in `tables.py`,
 `job_costs.py` and `gpu_hours.py`.
 """
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from circuitflow.attribution.page import graph_html
 from circuitflow.io import save_figure, write_text
 from circuitflow.report import job_costs as costs
 from circuitflow.report import tables as rt
@@ -48,6 +50,17 @@ def baseline(baseline_jsons, out_csv, out_html) -> pd.DataFrame:
 def behaviour(name: str, attribution_dir, interventions_dir, out_html, top: int = 15) -> None:
     sections = rt.behaviour_sections(attribution_dir, interventions_dir, top)
     write_text(out_html, rt.page(f"Results of behaviour {name}", sections))
+
+
+def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
+    """The attribution stage's graph page again, now that the interventions stage has run: each
+    steered feature's card adds the tokens it promotes (interventions/steering.parquet). This is
+    the copy the report shows."""
+    attr, iv = Path(attribution_dir), Path(interventions_dir)
+    graph = json.loads((attr / "graph.json").read_text())
+    contexts = pd.read_parquet(attr / "feature_contexts.parquet")
+    steering = pd.read_parquet(iv / "steering.parquet")
+    write_text(out_html, graph_html(graph, f"{name} circuit", contexts, steering))
 
 
 def provenance(provenance_dir, out_html) -> None:

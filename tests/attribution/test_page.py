@@ -1,0 +1,193 @@
+"""graph.html: the attribution stage's page for a tiny spliced model, and the report's copy with
+the interventions' steering results, looked at in headless Chromium: no JavaScript errors, the
+default thresholds show graph.json's graph, no edge passes through a node it does not connect,
+hover cards, path highlighting and the threshold controls."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers.chromium import chromium
+from helpers.graph_page import check_page
+from helpers.spliced import tiny_spliced, write_activations
+
+from circuitflow.attribution import stage
+from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.page import graph_html, page_data, rounded
+from circuitflow.interventions import stats
+from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.features import feature_interventions
+from circuitflow.io import write_parquet
+from circuitflow.report import stage as report_stage
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The attribution stage on the tiny model (its real activation files, no tokenizer: token
+    ids as text), the interventions' steering of its top features, the report's page."""
+    model, saes, prompts = tiny_spliced(8)
+    root = tmp_path_factory.mktemp("graph_page")
+    acts = write_activations(model, root / "activations")
+    cfg = AttributionConfig(
+        method="atp", validation_features=4, max_graph_nodes=12, edges="all", context_features=2,
+        n_contexts=4, context_window=3,
+    )  # fmt: skip
+    attr_dir, iv_dir = root / "attribution" / "b", root / "interventions" / "b"
+    stage.attribute(model, prompts, saes, acts, None, cfg, "b", attr_dir)
+    features = pd.read_parquet(attr_dir / "features.parquet")
+    runs = stats.Runs(Intervener(model, prompts, "mean", saes=saes), [0])
+    iv_cfg = InterventionsConfig(n_features=3, n_random_features=1, steering_alphas=(0.0, 2.0))
+    _, steering = feature_interventions(runs, features, saes, None, iv_cfg, 0)
+    write_parquet(iv_dir / "steering.parquet", steering)
+    report_page = root / "report" / "b" / "graph.html"
+    report_stage.graph_page("b", attr_dir, iv_dir, report_page)
+    graph = json.loads((attr_dir / "graph.json").read_text())
+    return SimpleNamespace(
+        root=root,
+        attr_dir=attr_dir,
+        graph=graph,
+        contexts=pd.read_parquet(attr_dir / "feature_contexts.parquet"),
+        steering=steering,
+        report_page=report_page,
+        features=[n["id"] for n in graph["nodes"] if n["kind"] == "feature"],
+    )
+
+
+def edge_pairs(edges) -> list[tuple[str, str]]:
+    return sorted((e["source"], e["target"]) if isinstance(e, dict) else tuple(e) for e in edges)
+
+
+def test_rounded_for_people():
+    assert rounded(0.8562005277044854) == "0.856"
+    assert rounded(-0.008572335354983807) == "-0.00857"
+    assert rounded(6.466249704360962) == "6.47"
+    assert rounded(1234.5) == "1230"
+    assert rounded(None) == "n/a" and rounded(float("nan")) == "nan"
+
+
+def test_stage_gives_the_page_every_edge_and_every_feature_contexts(run):
+    graph = run.graph
+    assert run.features, "the tiny graph should hold SAE features"
+    computed = edge_pairs(graph["computed_edges"])
+    assert len(computed) == graph["n_edges_computed"] > len(graph["edges"])
+    assert set(edge_pairs(graph["edges"])) <= set(computed)
+    inner = sum(abs(n["score"]) for n in graph["nodes"] if n["kind"] != "logit")
+    assert graph["score_abs_total"] > inner and graph["n_nodes_scored"] > len(graph["nodes"])
+    data = page_data(graph, run.contexts, None)
+    assert data["edges"] == graph["computed_edges"]
+    ctx = run.contexts.assign(
+        id=[f"feature.{r.site}.{r.layer}.{r.feature}" for r in run.contexts.itertuples()]
+    )
+    for node_id in run.features:  # contexts for each of the graph's features, split at the max
+        rows = data["contexts"][node_id]
+        table = ctx[ctx["id"] == node_id].sort_values("rank")
+        assert len(rows) == len(table) > 0
+        for row, r in zip(rows, table.itertuples(), strict=True):
+            assert row["token"] == r.max_token
+            assert f"{row['before']} [[{row['token']}]] {row['after']}" == r.text
+    assert data["steering"] is None  # the stage runs before interventions
+
+
+def test_page_is_self_contained_and_its_header_rounded(run):
+    page = (run.attr_dir / "graph.html").read_text()
+    assert "<svg" in page and "src=" not in page and "href=" not in page
+    assert "https://" not in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+    header = page[: page.index('<div id="controls">')]
+    spearman = run.graph["validation"]["spearman"]
+    assert f"Spearman {rounded(spearman)} " in header and repr(spearman) not in header
+    assert f"clean {rounded(run.graph['metric_clean'])}," in header
+    # Keys graph.json gains from the stage's validation are shown when present.
+    by_kind = {"by_kind": {"head": {"spearman": 0.5, "n_nodes": 4}}}
+    extra = run.graph | {
+        "edge_validation": {"spearman": 0.91234, "n_edges": 17},
+        "validation": run.graph["validation"] | by_kind,
+    }
+    header = graph_html(extra, "b")
+    assert "edge validation: Spearman 0.912 over 17 edges" in header
+    assert "validation by kind: head 0.5 (4 nodes)" in header
+
+
+def test_stage_page_in_chromium(run, tmp_path):
+    browser = chromium()
+    feature = run.features[0]
+    found = check_page(browser, run.attr_dir / "graph.html", tmp_path, hover=feature,
+                       click=feature, edge_share=0.5, node_share=0.3)  # fmt: skip
+    assert found["errors"] == []
+    # The default thresholds are the stage's: the page shows graph.json's nodes and edges.
+    assert sorted(found["initial"]["nodes"]) == sorted(n["id"] for n in run.graph["nodes"])
+    assert edge_pairs(found["initial"]["edges"]) == edge_pairs(run.graph["edges"])
+    # The layout: no edge passes through a node it does not connect, or over a label.
+    for state in ("initial", "after_edge", "after_node"):
+        geometry = found[f"{state}_geometry"]
+        assert geometry["samples"] > 100 and geometry["n_circles"] >= 2, state
+        assert geometry["crossings"] == [] and geometry["over_labels"] == [], (state, geometry)
+    # Moving the thresholds re-prunes in the page.
+    n_edges = len(found["initial"]["edges"])
+    assert 0 < len(found["after_edge_threshold"]["edges"]) < n_edges
+    assert len(found["after_node_threshold"]["nodes"]) < len(found["initial"]["nodes"])
+    # The hover card of a feature: its contexts with the peak token marked, no steering yet.
+    card = found["hover"]
+    assert not card["hidden"] and card["node"] == feature and found["hover_after_leave_hidden"]
+    data = page_data(run.graph, run.contexts)
+    rows = data["contexts"][feature]
+    assert card["contexts"] == len(rows) and card["marks"] == [r["token"] for r in rows]
+    assert f"score {rounded(next(n['score'] for n in run.graph['nodes'] if n['id'] == feature))}" \
+        in card["text"]  # fmt: skip
+    assert "exact activation patching" in card["text"] or "the fast method" in card["text"]
+    assert "Spearman" in card["text"] and "report's copy of this page" in card["text"]
+    # A click lights the paths through the node: every lit edge joins lit nodes, and the
+    # node's own edge to the logit (kept by default) is among them.
+    click = found["click"]
+    lit = set(click["nodes_on"])
+    assert feature in lit and click["card_node"] == feature
+    assert all(s in lit and t in lit for s, t in click["edges_on"])
+    if (feature, "logit") in edge_pairs(found["initial"]["edges"]):
+        assert [feature, "logit"] in click["edges_on"]
+    assert found["cleared"]
+
+
+def test_report_page_adds_steering(run, tmp_path):
+    steered = run.steering[(run.steering["direction"] == "feature") & (run.steering["alpha"] > 0)]
+    ids = {f"feature.{r.site}.{r.layer}.{r.feature}": r for r in steered.itertuples()}
+    feature = next(f for f in run.features if f in ids)
+    found = check_page(chromium(), run.report_page, tmp_path, hover=feature, edge_share=0.5,
+                       node_share=0.3)  # fmt: skip
+    assert found["errors"] == []
+    text = found["hover"]["text"]
+    row = ids[feature]
+    assert f"adding {rounded(row.alpha)} × its decoder direction" in text
+    tokens = re.findall(r'"([^"]*)" [+-]', text)
+    assert tokens == [str(t) for t in row.top_tokens] and len(tokens) > 0
+    assert f"logit difference {'+' if row.logit_diff_change > 0 else ''}" \
+        f"{rounded(row.logit_diff_change)}" in text  # fmt: skip
+    assert np.isfinite(row.logit_diff_change)
+    # Steered features outside the graph and unsteered ones in it are said to be so.
+    unsteered = [f for f in run.features if f not in ids]
+    if unsteered:
+        found = check_page(chromium(), run.report_page, tmp_path, hover=unsteered[0],
+                           edge_share=0.5, node_share=0.3)  # fmt: skip
+        assert "not steered" in found["hover"]["text"]
+
+
+def test_card_shows_the_validation_of_its_kind(run, tmp_path):
+    """With graph.json's per-kind validation the card quotes its own kind's, or says none."""
+    by_kind = {"feature": {"spearman": 0.51234, "n_nodes": 7}}
+    graph = run.graph | {"validation": run.graph["validation"] | {"by_kind": by_kind}}
+    page = tmp_path / "by_kind.html"
+    page.write_text(graph_html(graph, "b", run.contexts))
+    other = next(n for n in run.graph["nodes"] if n["kind"] not in ("feature", "logit"))
+    texts = []
+    for node in (run.features[0], other["id"]):
+        found = check_page(chromium(), page, tmp_path, hover=node, edge_share=1, node_share=1)
+        assert found["errors"] == []
+        texts.append(found["hover"]["text"])
+    assert "validation on feature nodes: Spearman 0.512 of atp against exact patching over 7 " \
+        "nodes" in texts[0]  # fmt: skip
+    assert f"validation: graph.json has none for {other['kind']} nodes" in texts[1]
