@@ -1,7 +1,8 @@
 """The SAE architectures the train_sae stage can train: one registry entry each.
 
 An entry says how to build SAELens's training SAE from the `sae:` config, which sparsity
-coefficient (if any) the PI controller steers, and how much memory a training row needs.
+coefficient (if any) the PI controller steers, how much memory a training row needs, and whether
+the fast sparse trainer (sae.fast) can train it.
 Adding an architecture is one entry here and one value in the schema's `sae.architecture` enum
 (tests/sae check that the two agree).
 """
@@ -23,6 +24,8 @@ class Architecture:
     # counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead latents
     # included), backward and the trainer's firing statistics, on CPU by tests/memory.
     wide_per_row: float
+    # Whether sae.fast's sparse trainer can train it (`sae.trainer: auto` then picks it).
+    sparse_trainer: bool = False
 
 
 def _topk(cfg, common):
@@ -65,8 +68,8 @@ def _standard(cfg, common):
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "topk": Architecture(_topk, None, 11.0),
-    "batchtopk": Architecture(_batchtopk, None, 12.0),
+    "topk": Architecture(_topk, None, 11.0, sparse_trainer=True),
+    "batchtopk": Architecture(_batchtopk, None, 12.0, sparse_trainer=True),
     "jumprelu": Architecture(_jumprelu, "l0", 9.5),
     "standard": Architecture(_standard, "l1", 8.5),
 }
