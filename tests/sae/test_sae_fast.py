@@ -83,6 +83,24 @@ def test_losses_and_gradients_equal_saelens(architecture, n_dead, bias):
         torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-6 * scale, msg=name)
 
 
+def test_autocast_runs_the_encoder_matmul_in_bf16_only():
+    ours = perturbed_sae("topk")
+    ref = copy.deepcopy(ours)
+    x = 2 * torch.randn(64, D_IN, generator=torch.Generator().manual_seed(1))
+    dead = torch.zeros(D_SAE, dtype=torch.bool)
+    dead[:40] = True
+    exact = sparse_forward(ref, x, dead)
+    exact.loss.backward()
+    step = sparse_forward(ours, x, dead, autocast=True)
+    step.loss.backward()
+    assert step.loss.dtype == torch.float32 and step.sae_out.dtype == torch.float32
+    assert all(p.dtype == p.grad.dtype == torch.float32 for p in ours.parameters())
+    # bf16 keeps 8 bits of mantissa: the same selection bar near ties, losses within ~1%.
+    for name, value in exact.losses.items():
+        torch.testing.assert_close(step.losses[name], value, rtol=0.02, atol=0.0)
+    assert not torch.equal(step.loss, exact.loss)  # the matmul did run in bf16
+
+
 def train_steps(trainer_name: str, architecture: str, acts, steps: int, bias: float):
     """`steps` steps of the stage's trainer (`sae.trainer` = trainer_name) with latents dead
     after 2 silent steps, so the AuxK loss is on for most steps, from b_enc = `bias`."""

@@ -190,7 +190,6 @@ class SelectedPreacts(torch.autograd.Function):
     def backward(ctx, grad):
         x, W_enc, tokens = ctx.saved_tensors
         sel: Selection = ctx.sel
-        d_sae = W_enc.shape[1]
         grad = grad.float()
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
@@ -200,7 +199,9 @@ class SelectedPreacts(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_w = scatter_outer(sel, tokens, grad, x).t()
         if ctx.needs_input_grad[2]:
-            grad_b = grad.new_zeros(d_sae).index_add_(0, sel.latents, grad)
+            # A.T @ ones; index_add_ would do too, but adds in a varying order on CUDA.
+            grad_b = scatter_outer(sel, torch.zeros_like(tokens), grad, grad.new_ones(1, 1))
+            grad_b = grad_b.squeeze(1)
         return grad_x, grad_w, grad_b, None, None
 
 
@@ -232,7 +233,6 @@ class SparseStep:
     losses: dict[str, torch.Tensor]
     sae_out: torch.Tensor
     main: Selection  # the TopK / BatchTopK latents (the SAE's activations)
-    scores: torch.Tensor  # dense [batch, d_sae] hidden_pre, no grad
 
 
 def aux_size(d_in: int, n_dead: int) -> tuple[int, float]:
@@ -287,7 +287,6 @@ def sparse_forward(
         losses={"mse_loss": mse, "auxiliary_reconstruction_loss": aux},
         sae_out=sae_out,
         main=main,
-        scores=scores,
     )
 
 
@@ -333,17 +332,18 @@ class SparseTopKTrainer(ControlledSAETrainer):
         self.lr_scheduler.step()
         for scheduler in self.coefficient_schedulers.values():
             scheduler.step()
-        main = step.main
+        # SAELens's dense [batch, d_sae] outputs, as sparse tensors (fit() reads only losses).
+        entries = torch.stack([step.main.bags, step.main.latents])
+        shape = (len(sae_in), sae.cfg.d_sae)
         return TrainStepOutput(
             sae_in=sae_in,
             sae_out=step.sae_out,
             feature_acts=torch.sparse_coo_tensor(
-                torch.stack([main.bags, main.latents]),
-                activations,
-                step.scores.shape,
-                check_invariants=False,
+                entries, activations, shape, check_invariants=False
             ),
-            hidden_pre=step.scores,
+            hidden_pre=torch.sparse_coo_tensor(
+                entries, step.main.scores, shape, check_invariants=False
+            ),
             loss=step.loss,
             losses=step.losses,
         )
