@@ -24,8 +24,16 @@ class Architecture:
     # counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead latents
     # included), backward and the trainer's firing statistics, on CPU by tests/memory.
     wide_per_row: float
-    # Whether sae.fast's sparse trainer can train it (`sae.trainer: auto` then picks it).
-    sparse_trainer: bool = False
+    # The same for sae.fast's sparse trainer: its dense pre-activations and scores, topk's and
+    # BatchTopK's temporaries, the AuxK candidates (most latents dead) and the selected entries
+    # at d_sae = 32 d_in, measured by tests/helpers/memory_probe.py. None where that trainer
+    # cannot train the architecture.
+    sparse_wide_per_row: float | None = None
+
+    @property
+    def sparse_trainer(self) -> bool:
+        """Whether sae.fast's sparse trainer can train it (`sae.trainer: auto` then does)."""
+        return self.sparse_wide_per_row is not None
 
 
 def _topk(cfg, common):
@@ -68,8 +76,8 @@ def _standard(cfg, common):
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "topk": Architecture(_topk, None, 11.0, sparse_trainer=True),
-    "batchtopk": Architecture(_batchtopk, None, 12.0, sparse_trainer=True),
+    "topk": Architecture(_topk, None, 11.0, sparse_wide_per_row=3.1),
+    "batchtopk": Architecture(_batchtopk, None, 12.0, sparse_wide_per_row=6.8),
     "jumprelu": Architecture(_jumprelu, "l0", 9.5),
     "standard": Architecture(_standard, "l1", 8.5),
 }

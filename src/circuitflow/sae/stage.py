@@ -66,6 +66,7 @@ def memory_estimate(
         shuffle_buffer_rows=cfg.shuffle_buffer_tokens,
         chunk_rows=info.chunk_rows,
         resident=resident,
+        sparse=cfg.uses_fast_trainer(),
     )
 
 
