@@ -117,7 +117,8 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
     corrupted = clean.copy()
     corrupted[:, 1:8] = rng.integers(1, 1000, (n_prompts, 7))
     prompts = pd.DataFrame(
-        {"clean_tokens": list(clean), "corrupted_tokens": list(corrupted),
+        {"prompt_id": np.arange(n_prompts),
+         "clean_tokens": list(clean), "corrupted_tokens": list(corrupted),
          "answer_id": rng.integers(1, 1000, n_prompts),
          "distractor_id": rng.integers(1, 1000, n_prompts)}
     )  # fmt: skip
