@@ -18,9 +18,10 @@ no download) it runs, on one device, the stages' own code:
 
 - `forward`: a bare forward pass (no hooks, `stop_at_layer` as capture uses it): the reference;
 - `capture`: capture.capture() with every layer's resid_post hooked, writing HDF5 files;
-- `sae_train`: SAELens training as train_sae runs it (ActivationStream over a captured file,
-  ControlledSAETrainer, the same trainer config) for the configs' SAE (TopK, 32x, k=32) and the
-  schema's default SAE; tokens/s of the steady steps (the first is left out);
+- `sae_train`: SAE training as train_sae runs it (ActivationStream over a captured file, the
+  trainer `sae.trainer` picks, the same trainer config: for TopK the fast sparse trainer) for the
+  configs' SAE (TopK, 32x, k=32) and the schema's default SAE; tokens/s of the steady steps (the
+  first is left out);
 - `attribution`: attribution.attribute() (method atp, all nodes, no exact patching) with an SAE
   spliced at every layer (12 for GPT-2, 24 for Qwen): the unit the stage's other parts repeat.
 
@@ -377,8 +378,9 @@ class Suite:
         from circuitflow.sae.architectures import build_training_sae
         from circuitflow.sae.config import SAETrainConfig
         from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
+        from circuitflow.sae.fast import build_trainer
         from circuitflow.sae.stage import memory_estimate
-        from circuitflow.sae.trainer import ControlledSAETrainer, trainer_config
+        from circuitflow.sae.trainer import trainer_config
 
         sizes = self.sizes
         info = read_activation_info(path)
@@ -411,9 +413,7 @@ class Suite:
             torch.manual_seed(0)
             with ActivationStream(info, stream_cfg) as stream:
                 sae = build_training_sae(cfg, info.d_in, info.hook_name, self.device)
-                trainer = ControlledSAETrainer(
-                    cfg=tcfg, sae=sae, data_provider=stream, after_step=after_step
-                )
+                trainer = build_trainer(cfg, tcfg, sae, stream, after_step=after_step)
                 trainer.fit()
                 del trainer, sae
 
@@ -428,6 +428,7 @@ class Suite:
             stage="sae_train",
             variant=variant,
             architecture=cfg.architecture,
+            trainer="fast" if cfg.uses_fast_trainer() else "saelens",
             d_in=info.d_in,
             d_sae=d_sae,
             k=cfg.k,

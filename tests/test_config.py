@@ -199,8 +199,10 @@ def test_active_heads_auto_follows_the_architecture():
 def test_registries_and_schema_enums_agree():
     from circuitflow.prompts import SOURCES
     from circuitflow.sae.architectures import ARCHITECTURES
+    from circuitflow.sae.config import TRAINERS
 
     schema = cf.load_schema()["properties"]
     source = schema["behaviours"]["additionalProperties"]["properties"]["source"]
     assert source["enum"] == list(SOURCES)
     assert schema["sae"]["properties"]["architecture"]["enum"] == list(ARCHITECTURES)
+    assert schema["sae"]["properties"]["trainer"]["enum"] == list(TRAINERS)

@@ -108,6 +108,11 @@ def test_sae_estimate_counts_optimiser_state_and_batch():
     # On CPU the shuffle buffer lives in the same memory.
     cpu = memory.estimate_sae_training(768, 24576, "topk", "cpu", 1 << 22, 1 << 18)
     assert cpu.total(4096) > est.total(4096)
+    # The sparse trainer (sae.fast) holds a few d_sae-wide tensors per row, not eleven.
+    sparse = memory.estimate_sae_training(768, 24576, "topk", "cuda", 1 << 22, 1 << 18, sparse=True)
+    assert sparse.per_item() == int((3.1 * 24576 + 8 * 768) * 4)
+    with pytest.raises(ValueError, match="sae.fast cannot train standard"):
+        memory.estimate_sae_training(768, 24576, "standard", "cuda", 1 << 22, 1 << 18, sparse=True)
 
 
 def test_attribution_estimate_integrated_gradients_runs_a_copy_per_head():

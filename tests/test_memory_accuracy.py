@@ -1,7 +1,7 @@
 """The memory planner against measured peaks: each stage's real work on CPU (capture with
-TransformerLens and the HDF5 writer, SAE training with SAELens, attribution with spliced SAEs,
-both real architectures at 2 layers), measured in a fresh process by
-tests/helpers/memory_probe.py, must come within 20% of the planner's estimate."""
+TransformerLens and the HDF5 writer, SAE training with the fast trainer and SAELens's,
+attribution with spliced SAEs, both real architectures at 2 layers), measured in a fresh process
+by tests/helpers/memory_probe.py, must come within 20% of the planner's estimate."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ PROBE = Path(__file__).parent / "helpers" / "memory_probe.py"
 CASES = {
     ("capture", "gpt2-small"),
     ("capture", "qwen2.5-0.5b"),
-    ("sae_train", "topk"),
+    ("sae_train", "topk"),  # the fast trainer, as the stage runs it
+    ("sae_train", "batchtopk"),
+    ("sae_train", "topk saelens"),
     ("sae_train", "standard"),
     ("attribution", "gpt2-small atp"),
     ("attribution", "qwen2.5-0.5b atp"),

@@ -307,12 +307,14 @@ def estimate_sae_training(
     chunk_rows: int = 4096,
     storage_dtype: torch.dtype | str = "float16",
     resident: int = 0,
+    sparse: bool = False,
 ) -> Estimate:
     """Peak memory of SAE training (the train_sae stage's loop) per training row.
 
     Device: `resident` bytes (the model, loaded for the spliced evaluation), the SAE's fp32
-    parameters, gradients and Adam state (4 copies), and per row `wide_per_row` d_sae-wide and
-    SAE_NARROW_PER_ROW d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
+    parameters, gradients and Adam state (4 copies), and per row `wide_per_row` d_sae-wide
+    (`sparse_wide_per_row` for sae.fast's sparse trainer, `sparse`) and SAE_NARROW_PER_ROW
+    d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
     phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
     it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
@@ -320,7 +322,11 @@ def estimate_sae_training(
     from circuitflow.sae.architectures import get
 
     params = sae_param_bytes(d_in, d_sae)
-    per_row = int((get(architecture).wide_per_row * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
+    arch = get(architecture)
+    wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
+    if wide is None:
+        raise ValueError(f"sae.fast cannot train {architecture}")
+    per_row = int((wide * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
     block = max(1, min(chunk_rows, n_file_rows))
     rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
     group = rows * d_in * 4

@@ -58,13 +58,16 @@ def capture(arch: str, tmp: Path) -> None:
     emit("capture", arch, meter.delta + weights, int(result.planned_peak_mb * memory.MiB))
 
 
-def sae(architecture: str, tmp: Path) -> None:
+def sae(case: str, tmp: Path) -> None:
+    """`case`: an architecture, trained as the stage does (`sae.trainer: auto`), or
+    "{architecture} saelens" for SAELens's trainer."""
     from circuitflow.capture.files import read_activation_info, write_activation_file
     from circuitflow.sae.architectures import build_training_sae
     from circuitflow.sae.config import SAETrainConfig
     from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
+    from circuitflow.sae.fast import build_trainer
     from circuitflow.sae.stage import memory_estimate
-    from circuitflow.sae.trainer import ControlledSAETrainer, trainer_config
+    from circuitflow.sae.trainer import trainer_config
 
     d_in, rows, batch = 128, 8192, 2048
     path = tmp / "acts.h5"
@@ -77,18 +80,20 @@ def sae(architecture: str, tmp: Path) -> None:
     info = read_activation_info(path)
     # A one-step dead window and k=1 (fewer firings than latents): latents are dead from the
     # first step on, so TopK's auxiliary loss runs, as it does in real training.
+    architecture, _, trainer = case.partition(" ")
     cfg = SAETrainConfig(
         architecture=architecture, d_sae=4096, k=1, batch_size=batch, total_tokens=3 * batch,
         dead_window_tokens=batch, shuffle_buffer_tokens=4096, device="cpu",
+        trainer=trainer or "auto",
     )  # fmt: skip
     tcfg = trainer_config(cfg, info, "cpu")
     stream_cfg = ActivationStreamConfig(batch_size=batch, shuffle_buffer_tokens=4096)
     with memory.PeakMeter("cpu") as meter:
         with ActivationStream(info, stream_cfg) as stream:
             model = build_training_sae(cfg, d_in, info.hook_name, "cpu")
-            ControlledSAETrainer(cfg=tcfg, sae=model, data_provider=stream).fit()
+            build_trainer(cfg, tcfg, model, stream).fit()
             del model
-    emit("sae_train", architecture, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
+    emit("sae_train", case, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
 
 
 def attribution(arch: str, method: str, n_prompts: int) -> None:
@@ -112,7 +117,8 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
     corrupted = clean.copy()
     corrupted[:, 1:8] = rng.integers(1, 1000, (n_prompts, 7))
     prompts = pd.DataFrame(
-        {"clean_tokens": list(clean), "corrupted_tokens": list(corrupted),
+        {"prompt_id": np.arange(n_prompts),
+         "clean_tokens": list(clean), "corrupted_tokens": list(corrupted),
          "answer_id": rng.integers(1, 1000, n_prompts),
          "distractor_id": rng.integers(1, 1000, n_prompts)}
     )  # fmt: skip
@@ -136,8 +142,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arch in architectures.ARCHITECTURES:
             capture(arch, Path(tmp))
-        for architecture in ("topk", "standard"):
-            sae(architecture, Path(tmp))
+        for case in ("topk", "batchtopk", "topk saelens", "standard"):
+            sae(case, Path(tmp))
     for arch in architectures.ARCHITECTURES:
         attribution(arch, "atp", 16)
     attribution("gpt2-small", "ig", 2)

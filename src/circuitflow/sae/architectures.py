@@ -1,7 +1,8 @@
 """The SAE architectures the train_sae stage can train: one registry entry each.
 
 An entry says how to build SAELens's training SAE from the `sae:` config, which sparsity
-coefficient (if any) the PI controller steers, and how much memory a training row needs.
+coefficient (if any) the PI controller steers, how much memory a training row needs, and whether
+the fast sparse trainer (sae.fast) can train it.
 Adding an architecture is one entry here and one value in the schema's `sae.architecture` enum
 (tests/sae check that the two agree).
 """
@@ -23,6 +24,16 @@ class Architecture:
     # counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead latents
     # included), backward and the trainer's firing statistics, on CPU by tests/memory.
     wide_per_row: float
+    # The same for sae.fast's sparse trainer: its dense pre-activations and scores, topk's and
+    # BatchTopK's temporaries, the AuxK candidates (most latents dead) and the selected entries
+    # at d_sae = 32 d_in, measured by tests/helpers/memory_probe.py. None where that trainer
+    # cannot train the architecture.
+    sparse_wide_per_row: float | None = None
+
+    @property
+    def sparse_trainer(self) -> bool:
+        """Whether sae.fast's sparse trainer can train it (`sae.trainer: auto` then does)."""
+        return self.sparse_wide_per_row is not None
 
 
 def _topk(cfg, common):
@@ -65,8 +76,8 @@ def _standard(cfg, common):
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "topk": Architecture(_topk, None, 11.0),
-    "batchtopk": Architecture(_batchtopk, None, 12.0),
+    "topk": Architecture(_topk, None, 11.0, sparse_wide_per_row=3.1),
+    "batchtopk": Architecture(_batchtopk, None, 12.0, sparse_wide_per_row=6.8),
     "jumprelu": Architecture(_jumprelu, "l0", 9.5),
     "standard": Architecture(_standard, "l1", 8.5),
 }

@@ -36,6 +36,9 @@ class JumpReLUConfig:
     dead_window_steps: int | None = 20
 
 
+TRAINERS = ("auto", "fast", "saelens")
+
+
 @dataclass
 class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``)."""
@@ -58,6 +61,8 @@ class SAETrainConfig:
     checkpoint_every_tokens: int = 250_000
     dead_window_tokens: int = 200_000
     eval_contexts: int = 64
+    # auto: the fast sparse trainer (sae.fast) where the architecture has one, else SAELens's.
+    trainer: Literal["auto", "fast", "saelens"] = "auto"
     autocast: bool = False
     compile: bool = False
     device: str = "auto"
@@ -119,6 +124,22 @@ class SAETrainConfig:
             raise ConfigError("sae.total_tokens: must be at least sae.batch_size")
         if not 0 <= self.lr_decay_fraction < 1:
             raise ConfigError("sae.lr_decay_fraction: must be in [0, 1)")
+        if self.trainer not in TRAINERS:
+            raise ConfigError(
+                f"sae.trainer: {self.trainer!r}; allowed values: {', '.join(TRAINERS)}"
+            )
+        if self.trainer == "fast" and not architectures.get(self.architecture).sparse_trainer:
+            fast = [k for k, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
+            raise ConfigError(
+                f"sae.trainer: fast trains {', '.join(fast)} only, not {self.architecture}; "
+                "use auto or saelens"
+            )
+
+    def uses_fast_trainer(self) -> bool:
+        """Whether sae.fast's sparse trainer trains this SAE (else SAELens's trainer)."""
+        if self.trainer == "auto":
+            return architectures.get(self.architecture).sparse_trainer
+        return self.trainer == "fast"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

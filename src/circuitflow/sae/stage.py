@@ -1,11 +1,12 @@
 """The train_sae stage: train one SAE on one layer's captured activations, resumably.
 
 Steps: `resume_state` (the newest checkpoint, if it was made for this config and input), `plan`
-(the batch size, from memory when `sae.batch_size: auto`), `train` (SAELens's trainer streaming
-batches from the HDF5 file, checkpointing every `checkpoint_every_tokens` and on SIGTERM),
-`summarise` (the saved SAE reloaded from disk and measured on the model) and `write` (the SAE in
-SAELens's format and metrics.json, replacing the output directory atomically). Checkpoints live
-outside the output directory, because Snakemake deletes a `directory()` output before a retry.
+(the batch size, from memory when `sae.batch_size: auto`), `train` (SAELens's trainer, or for
+TopK and BatchTopK its sparse variant in sae.fast, streaming batches from the HDF5 file,
+checkpointing every `checkpoint_every_tokens` and on SIGTERM), `summarise` (the saved SAE
+reloaded from disk and measured on the model) and `write` (the SAE in SAELens's format and
+metrics.json, replacing the output directory atomically). Checkpoints live outside the output
+directory, because Snakemake deletes a `directory()` output before a retry.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
+from circuitflow.sae.fast import build_trainer
 from circuitflow.sae.metrics import evaluate_sae
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.trainer import (
@@ -64,6 +66,7 @@ def memory_estimate(
         shuffle_buffer_rows=cfg.shuffle_buffer_tokens,
         chunk_rows=info.chunk_rows,
         resident=resident,
+        sparse=cfg.uses_fast_trainer(),
     )
 
 
@@ -131,9 +134,6 @@ def train(
     `checkpoint_every_tokens`; on SIGTERM checkpoints at the next step and raises Interrupted."""
     torch.manual_seed(cfg.seed)
     sae = architectures.build_training_sae(cfg, info.d_in, info.hook_name, device)
-    if cfg.compile:
-        # Compiles the per-step forward/loss; parameter names (and so checkpoints) are unchanged.
-        sae.training_forward_pass = torch.compile(sae.training_forward_pass)  # type: ignore[method-assign]
     trainer_cfg = trainer_config(cfg, info, device)
     coefficient = architectures.get(cfg.architecture).controlled_coefficient
     controller = (
@@ -173,13 +173,7 @@ def train(
                         f"SIGTERM: checkpointed at {tr.n_training_samples} tokens in {ckpt_root}"
                     )
 
-        trainer = ControlledSAETrainer(
-            cfg=trainer_cfg,
-            sae=sae,
-            data_provider=stream,
-            controller=controller,
-            after_step=after_step,
-        )
+        trainer = build_trainer(cfg, trainer_cfg, sae, stream, controller, after_step)
         if state is not None:
             restore(trainer, tensors, state)
             clock.elapsed_before = state["wall_time_s"]
