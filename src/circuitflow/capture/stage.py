@@ -339,7 +339,7 @@ def capture(
     batch_size = saved_batch or (opts.batch_size or p.batch.batch_size)
     if done:
         log.info("resuming at context %d of %d (batch size %d)", done, p.n_contexts, batch_size)
-    backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom)
+    backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom, stage="capture")
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
