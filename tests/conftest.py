@@ -52,7 +52,11 @@ def default_results(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_results(tmp_path_factory) -> Path:
-    """The whole DAG on .test/config/small.yaml (one behaviour, one layer), once per session."""
+    """The whole DAG on .test/config/small.yaml (one behaviour, one layer), once per session.
+    CIRCUITFLOW_SMALL_RESULTS=<results dir of a small run> reuses one instead (development)."""
+    reuse = os.environ.get("CIRCUITFLOW_SMALL_RESULTS")
+    if reuse:
+        return Path(reuse)
     workdir = tmp_path_factory.mktemp("small-run")
     run_snakemake(load_test_config("small"), workdir)
     return workdir / "results"

@@ -70,6 +70,38 @@ BAD_CONFIGS = {
         {"embedded": {"architecture": {"d_head": 10}}},
         ["embedded.architecture.d_head", "n_heads * d_head"],
     ),
+    "k above the SAE's width": (
+        {"sae": {"k": 100000, "d_sae": 64}},
+        ["sae.k: 100000", "cannot exceed", "sae.d_sae = 64"],
+    ),
+    "k above the width from the expansion factor": (
+        {"sae": {"k": 600}},
+        ["sae.k: 600", "sae.expansion_factor * the model's d_model = 512"],
+    ),
+    "target_l0 not below the SAE's width": (
+        {"sae": {"architecture": "jumprelu", "d_sae": 16}},
+        ["sae.target_l0: 16", "below the SAE's width"],
+    ),
+    "SAE batch above total_tokens": (
+        {"sae": {"batch_size": 4096, "total_tokens": 2048}},
+        ["sae.batch_size: 4096", "sae.total_tokens (2048)"],
+    ),
+    "SAE batch above the captured rows": (
+        {"sae": {"batch_size": 1 << 20, "total_tokens": 1 << 21}},
+        ["sae.batch_size: 1048576", "capture.n_tokens = 262144"],
+    ),
+    "capture context beyond the model": (
+        {"capture": {"context_length": 64}},
+        ["capture.context_length: 64", "model's context (32 tokens)"],
+    ),
+    "capture tokens below one context": (
+        {"capture": {"n_tokens": 16}, "sae": {"batch_size": 8, "total_tokens": 16}},
+        ["capture.n_tokens: 16", "less than one context"],
+    ),
+    "more capture shards than checkpoint units": (
+        {"capture": {"shards": 64, "n_tokens": 8192}, "sae": {"batch_size": 512}},
+        ["capture.shards: 64", "checkpoint units"],
+    ),
     "unknown model name": (
         {"model": {"name": "not-a-model-xyz"}},
         ["model.name", "not-a-model-xyz", "TransformerLens model name"],

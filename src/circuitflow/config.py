@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,73 @@ def check_embedded(config: dict) -> None:
         )
 
 
+def model_dims(config: dict) -> dict[str, int]:
+    """d_model and n_ctx of the configured model where they can be read without loading weights
+    or reaching the network (the embedded architecture, a local directory's config.json); empty
+    for a hub model."""
+    if is_embedded(config):
+        arch = config["embedded"]["architecture"]
+        return {"d_model": arch["d_model"], "n_ctx": arch["n_ctx"]}
+    path = Path(config["model"]["name"])
+    if not (path / "config.json").is_file():
+        return {}
+    hf = read_hf_config(path)
+    dims = {name: hf_field(hf, name) for name in ("d_model", "n_ctx")}
+    return {name: value for name, value in dims.items() if value is not None}
+
+
+def check_cross_fields(config: dict) -> None:
+    """Values that are each valid alone but cannot work together, refused before any job runs
+    (each would otherwise fail inside a job, minutes or hours in)."""
+    from circuitflow.sae import architectures
+
+    dims = model_dims(config)
+    sae, capture = config["sae"], config["capture"]
+    d_sae = sae["d_sae"] or (sae["expansion_factor"] * dims["d_model"] if dims else None)
+    where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
+    fixed_l0 = architectures.get(sae["architecture"]).controlled_coefficient is None
+    if d_sae is not None and fixed_l0 and sae["k"] > d_sae:
+        raise ConfigError(
+            f"sae.k: {sae['k']} latents per token cannot exceed the SAE's width ({where} = {d_sae})"
+        )
+    if d_sae is not None and not fixed_l0 and sae["target_l0"] >= d_sae:
+        raise ConfigError(
+            f"sae.target_l0: {sae['target_l0']} must be below the SAE's width ({where} = {d_sae})"
+        )
+    batch = sae["batch_size"]
+    if batch != "auto" and batch > sae["total_tokens"]:
+        raise ConfigError(
+            f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
+            "not one training step"
+        )
+    if batch != "auto" and batch > capture["n_tokens"]:
+        raise ConfigError(
+            f"sae.batch_size: {batch} exceeds the activation rows captured "
+            f"(capture.n_tokens = {capture['n_tokens']})"
+        )
+    n_ctx = dims.get("n_ctx")
+    length = capture["context_length"] or n_ctx
+    if n_ctx is not None and length > n_ctx:
+        raise ConfigError(
+            f"capture.context_length: {length} exceeds the model's context ({n_ctx} tokens)"
+        )
+    if length is not None and capture["n_tokens"] < length:
+        raise ConfigError(
+            f"capture.n_tokens: {capture['n_tokens']} is less than one context "
+            f"(capture.context_length = {length})"
+        )
+    if length is not None and capture["shards"] > 1:
+        per_context = length - 1 if capture["exclude_bos"] else length
+        n_contexts = math.ceil(capture["n_tokens"] / per_context)
+        unit = max(1, math.ceil(capture["checkpoint_tokens"] / per_context))
+        n_units = math.ceil(n_contexts / unit)
+        if capture["shards"] > n_units:
+            raise ConfigError(
+                f"capture.shards: {capture['shards']} shards for {n_units} checkpoint units of "
+                f"capture.n_tokens; use at most {n_units} or a smaller capture.checkpoint_tokens"
+            )
+
+
 def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA_PATH) -> dict:
     """Validate `config` and return it with defaults filled and `layers` as a list of ints."""
     config = copy.deepcopy(config)
@@ -222,6 +290,7 @@ def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir))
+    check_cross_fields(config)
     if not is_embedded(config) and not config["capture"]["corpus"]:
         raise ConfigError(
             "capture.corpus: a real model needs a corpus to capture activations from (a local "

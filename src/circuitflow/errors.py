@@ -26,4 +26,5 @@ class CheckpointError(InputError):
 # Exit statuses of the stage scripts (cli.main), one meaning each.
 EXIT_BAD_INPUT = 2  # ConfigError, InputError, a missing file
 EXIT_OUT_OF_MEMORY = 3  # not even one item fits the device
+EXIT_NO_SPACE = 4  # the disk filled up: free space, rerun to resume (outputs are atomic)
 EXIT_CHECKPOINTED = 75  # SIGTERM: progress saved, a rerun resumes (EX_TEMPFAIL, sysexits.h)

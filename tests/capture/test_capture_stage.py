@@ -204,3 +204,20 @@ def test_partial_file_is_refused(model, tokens, tmp_path):
     cap.capture(model, tokens, META, {("resid_post", 0): clean}, opts, progress=False)
     with open_activations(out) as f, open_activations(clean) as g:
         assert f["acts"][:].tobytes() == g["acts"][:].tobytes()
+
+
+def test_full_disk_is_refused_before_any_row_is_written(model, tokens, tmp_path, monkeypatch):
+    """HDF5 can report a write that failed for want of space only as an ignored warning, so the
+    stage checks the free space first (ENOSPC: one line and exit 4 through cli.main)."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, 1 << 20, 4096))
+    opts = CaptureOptions(dtype="float32", batch_size=4)
+    target = {("resid_post", 0): tmp_path / "full.h5"}
+    with pytest.raises(OSError, match="capture needs .* MiB more under") as info:
+        cap.capture(model, tokens, META, target, opts, progress=False)
+    assert info.value.errno == errno.ENOSPC
+    assert not (tmp_path / "full.h5").exists()

@@ -117,7 +117,10 @@ def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path, config):
     assert (len(hist) > 0) == (config["architecture"] == "standard")
 
 
-def test_corrupt_checkpoint_is_rejected(tmp_path):
+def test_corrupt_checkpoint_is_set_aside_and_training_goes_on(tmp_path, caplog):
+    """A damaged checkpoint (truncated by a full disk) is refused by load_checkpoint, then set
+    aside with a warning by the stage, which resumes from the one before it: a Slurm retry never
+    fails on the same file again."""
     model = tiny_model()
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=16)
     cfg = SAETrainConfig.from_dict({**CFG, "total_tokens": 4_096, "checkpoint_every_tokens": 1024})
@@ -141,13 +144,20 @@ def test_corrupt_checkpoint_is_rejected(tmp_path):
             train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
     finally:
         sae_stage.save_checkpoint = orig
-    newest = list_checkpoints(ckpt_root)[-1]
+    older, newest = list_checkpoints(ckpt_root)[-2:]
     tensors = newest / "tensors.safetensors"
     data = tensors.read_bytes()
     tensors.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
     with pytest.raises(CheckpointError, match=rf"{newest.name}.*truncated or corrupt"):
-        train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
-    (newest / "state.json").write_text('{"format": 1, "st')
-    with pytest.raises(CheckpointError, match=rf"{newest.name}.*unreadable"):
         load_checkpoint(newest)
-    assert not (tmp_path / "out").exists()
+    state, _ = sae_stage.resume_state(ckpt_root, load_checkpoint(older)[1]["fingerprint"])
+    assert state["n_training_steps"] == load_checkpoint(older)[1]["n_training_steps"]
+    assert (ckpt_root / "corrupt" / newest.name).is_dir() and not newest.exists()
+    assert f"{newest.name}: checkpoint tensors are missing, truncated or corrupt" in caplog.text
+    (older / "state.json").write_text('{"format": 1, "st')
+    with pytest.raises(CheckpointError, match=rf"{older.name}.*unreadable"):
+        load_checkpoint(older)
+    # Nothing sound left: training starts over and finishes.
+    metrics = train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
+    assert metrics["resumed"] is False and metrics["tokens_trained"] == 4_096
+    assert (tmp_path / "out" / "metrics.json").is_file()

@@ -40,9 +40,9 @@ from circuitflow.attribution.splice import (
     HookGroup,
     Patch,
     Spliced,
-    iter_batches,
     logit_diff,
     reduce_nodes,
+    run_batches,
 )
 from circuitflow.nodes import EMBED_HOOK
 from circuitflow.prompts import selection_half
@@ -234,26 +234,35 @@ def attribute(
     fast, moved = Sums(selection_half(prompts)), Sums(selection_half(prompts))
     m_clean = m_corr = 0.0
     t0 = time.perf_counter()
-    with sp.counter.part(cfg.method):
-        for batch in iter_batches(prompts, cfg.batch_size, device):
+    size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
+    backoff = memory.OOMBackoff(size, str(device), stage="attribution")
+
+    def fast_batch(batch: Batch):
+        with torch.no_grad():
+            run_corr = sp.run(batch.corrupted)
+        corr = {k: v.detach() for k, v in run_corr.acts.items()}
+        if cfg.method == "ig":
             with torch.no_grad():
-                run_corr = sp.run(batch.corrupted)
-            corr = {k: v.detach() for k, v in run_corr.acts.items()}
-            if cfg.method == "ig":
-                with torch.no_grad():
-                    run = sp.run(batch.clean)
-                clean = {k: v.detach() for k, v in run.acts.items()}
-                metric = logit_diff(run.logits, batch.answer, batch.distractor)
-                scores = ig_batch(sp, batch, clean, corr, cfg.ig_steps)
-            else:
-                scores, metric, clean = atp_batch(sp, batch, corr)
+                run = sp.run(batch.clean)
+            clean = {k: v.detach() for k, v in run.acts.items()}
+            metric = logit_diff(run.logits, batch.answer, batch.distractor)
+            scores = ig_batch(sp, batch, clean, corr, cfg.ig_steps)
+        else:
+            scores, metric, clean = atp_batch(sp, batch, corr)
+        m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
+        return scores, activation_change(sp, clean, corr), metric, m_corr
+
+    with sp.counter.part(cfg.method):
+        for batch, (scores, change, metric, metric_corr) in run_batches(
+            prompts, backoff, device, fast_batch
+        ):
             for k, v in scores.items():
                 fast.add(k, v, batch.rows)
-            for k, v in activation_change(sp, clean, corr).items():
+            for k, v in change.items():
                 moved.add(k, v, batch.rows)
             fast.count(batch.rows)
             m_clean += metric.sum().item()
-            m_corr += logit_diff(run_corr.logits, batch.answer, batch.distractor).sum().item()
+            m_corr += metric_corr.sum().item()
     t_fast = time.perf_counter() - t0
     fast_all, fast_sel = fast.means()
     columns = {f"score_{cfg.method}": fast_all, f"score_{cfg.method}_selection": fast_sel}
@@ -263,9 +272,13 @@ def attribute(
     exact_nodes = exact_node_list(frame, cfg, moved.means()[0])
     exact = Sums(fast.selection)
     with sp.counter.part("exact"):
-        for batch in iter_batches(validation_prompts(prompts, cfg), cfg.batch_size, device):
-            corr = sp.acts(batch.corrupted)
-            for node, v in exact_batch(sp, batch, corr, exact_nodes).items():
+        for batch, values in run_batches(
+            validation_prompts(prompts, cfg),
+            backoff,
+            device,
+            lambda b: exact_batch(sp, b, sp.acts(b.corrupted), exact_nodes),
+        ):
+            for node, v in values.items():
                 exact.add(node, v, batch.rows)
             exact.count(batch.rows)
     at = {(k, i): j for j, (k, i) in enumerate(zip(frame["key"], _patch_index(frame), strict=True))}

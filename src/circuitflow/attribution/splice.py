@@ -216,23 +216,41 @@ class Batch:
     rows: np.ndarray  # positions of these prompts in the prompt table
 
 
+def make_batch(prompts: pd.DataFrame, positions: np.ndarray, device) -> Batch:
+    rows = prompts.iloc[positions]
+
+    def stack(col: str) -> torch.Tensor:
+        return torch.tensor(np.stack(rows[col].to_list()), device=device, dtype=torch.long)
+
+    return Batch(
+        stack("clean_tokens"),
+        stack("corrupted_tokens"),
+        torch.tensor(rows["answer_id"].to_numpy(), device=device, dtype=torch.long),
+        torch.tensor(rows["distractor_id"].to_numpy(), device=device, dtype=torch.long),
+        positions,
+    )
+
+
 def iter_batches(prompts: pd.DataFrame, batch_size: int, device) -> Iterator[Batch]:
     """Prompts of equal length batched together (no padding)."""
     for idx in by_length(prompts["clean_tokens"]):
         for s in range(0, len(idx), batch_size):
-            positions = idx[s : s + batch_size]
-            rows = prompts.iloc[positions]
+            yield make_batch(prompts, idx[s : s + batch_size], device)
 
-            def stack(col: str, rows: pd.DataFrame = rows) -> torch.Tensor:
-                return torch.tensor(np.stack(rows[col].to_list()), device=device, dtype=torch.long)
 
-            yield Batch(
-                stack("clean_tokens"),
-                stack("corrupted_tokens"),
-                torch.tensor(rows["answer_id"].to_numpy(), device=device, dtype=torch.long),
-                torch.tensor(rows["distractor_id"].to_numpy(), device=device, dtype=torch.long),
-                positions,
-            )
+def run_batches(
+    prompts: pd.DataFrame, backoff, device, fn: Callable[[Batch], Any]
+) -> Iterator[tuple[Batch, Any]]:
+    """(batch, fn(batch)) over prompts of equal length batched together, `backoff`
+    (memory.OOMBackoff) choosing the size: a batch that runs out of memory is redone in halves.
+    Every prompt is scored alone in its batch row, so only float rounding depends on the size."""
+    for idx in by_length(prompts["clean_tokens"]):
+
+        def one(start: int, stop: int, idx=idx) -> tuple[Batch, Any]:
+            batch = make_batch(prompts, idx[start:stop], device)
+            return batch, fn(batch)
+
+        yield from backoff.chunks(len(idx), one)
 
 
 # --- SAEs -----------------------------------------------------------------------------------------

@@ -335,11 +335,12 @@ def capture(
     ]
     p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
     done, saved_batch = open_partials(p, files, opts.dtype)
+    check_free_space(p, files, opts.dtype, done)
     resumed_from = done
     batch_size = saved_batch or (opts.batch_size or p.batch.batch_size)
     if done:
         log.info("resuming at context %d of %d (batch size %d)", done, p.n_contexts, batch_size)
-    backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom)
+    backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom, stage="capture")
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -355,6 +356,29 @@ def capture(
     return summarise(
         p, len(files), d_model, opts.dtype, resumed_from, seconds, backoff.batch_size, device
     )
+
+
+def check_free_space(p: CapturePlan, files: list[PartialFile], dtype: str, done: int) -> None:
+    """Refuse to start (ENOSPC, one line via cli.main: exit 4) when the disk cannot hold the rows
+    still to write. HDF5 may report a write that failed for want of space only as a warning when
+    its chunk cache is evicted, so a full disk must be caught here, before the work."""
+    import errno
+    import shutil
+
+    if not files:
+        return
+    rows = (p.n_contexts - done) * p.per_context
+    chunk = files[0].file["acts"].chunks[0]  # space is taken a whole chunk at a time
+    rows = (math.ceil(rows / chunk) + 1) * chunk
+    need = len(files) * rows * (files[0].d_in * np.dtype(dtype).itemsize + 4)
+    where = files[0].partial.parent
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"capture needs {need / memory.MiB:.1f} MiB more under {where}, "
+            f"{free / memory.MiB:.1f} MiB free",
+        )
 
 
 def run(

@@ -233,11 +233,14 @@ def write_token_set(tokens: np.ndarray, meta: dict, npy_path: Path | str, json_p
 
 def read_token_set(npy_path: Path | str, json_path: Path | str) -> tuple[np.ndarray, dict]:
     """The contexts (memory-mapped, so only the slices in use are read) and their description."""
+    from circuitflow import inputs
+
+    rerun = "capture_tokens"
+    meta = inputs.json_file(json_path, ("n_contexts", "context_length"), rerun, "token set")
     try:
-        meta = json.loads(Path(json_path).read_text())
-        tokens = np.load(npy_path, mmap_mode="r")
+        tokens = np.load(inputs.existing_file(npy_path, rerun), mmap_mode="r")
     except (OSError, ValueError) as err:
-        raise InputError(f"token set {npy_path} / {json_path} is unreadable ({err})") from None
+        raise InputError(f"{npy_path}: not a readable token set ({err}); rerun {rerun}") from None
     if tokens.shape != (meta.get("n_contexts"), meta.get("context_length")):
         raise InputError(f"{npy_path}: shape {tokens.shape} does not match {json_path}")
     return tokens, meta

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from circuitflow import memory
 from circuitflow.attribution.splice import encode
 from circuitflow.errors import ConfigError
 from circuitflow.nodes import Node
@@ -118,6 +119,12 @@ class Intervener:
         self.kind = kind
         self.mean_reference = mean_reference
         self.batch_size = batch_size
+        # Every batch of prompts goes through this: an OOM halves the batch (memory.OOMBackoff).
+        self.backoff = memory.OOMBackoff(
+            max(1, min(batch_size, len(prompts))),  # so a halving halves what runs
+            str(next(model.parameters()).device),
+            stage="interventions",
+        )
         self.saes = saes or {}
         self.bypass_bos = bypass_bos  # SAEs trained without BOS are bypassed there
         self.runs_per_pass = max(1, runs_per_pass)
@@ -153,19 +160,20 @@ class Intervener:
         key = ("acts", hook, which, g)
         if key not in self._ref:
             tokens = getattr(self.groups[g], which)
-            chunks = []
-            for s in range(0, len(tokens), self.batch_size):
+
+            def one(start: int, stop: int) -> torch.Tensor:
                 store: dict[str, torch.Tensor] = {}
 
                 def save(act, hook, store=store):
                     store["a"] = act.detach()
 
-                batch = tokens[s : s + self.batch_size].to(self.device)
-                self.counter.forward(len(batch))
+                batch = tokens[start:stop].to(self.device)
                 with self.model.hooks(fwd_hooks=[(hook, save)]):
                     self.model(batch)
-                chunks.append(store["a"])
-            self._ref[key] = torch.cat(chunks)
+                self.counter.forward(len(batch))
+                return store["a"]
+
+            self._ref[key] = torch.cat(list(self.backoff.chunks(len(tokens), one)))
         return self._ref[key]
 
     def _sae_parts(self, hook: str, which: str, g: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,18 +308,22 @@ class Intervener:
             chunk_runs = [runs[i] for i in chunk]
             for g, group in enumerate(self.groups):
                 perms = [self._permutation(run.seed, group) for run in chunk_runs]
-                for s in range(0, len(group.rows), self.batch_size):
-                    rows = np.arange(s, min(s + self.batch_size, len(group.rows)))
+
+                def one(start, stop, g=g, group=group, chunk_runs=chunk_runs, perms=perms):
+                    rows = np.arange(start, stop)
                     fwd = [(h, self._hook_fn(h, chunk_runs, g, rows, perms)) for h in sorted(hooks)]
-                    tokens = group.clean[rows].to(self.device).repeat(len(chunk), 1)
-                    self.counter.forward(len(tokens))
+                    tokens = group.clean[rows].to(self.device).repeat(len(chunk_runs), 1)
                     with self.model.hooks(fwd_hooks=fwd):
                         logits = self.model(tokens, return_type="logits")
-                    last = logits[:, -1].float().view(len(chunk), len(rows), -1)
+                    self.counter.forward(len(tokens))
+                    last = logits[:, -1].float().view(len(chunk_runs), len(rows), -1)
                     answer, distractor = group.answer[rows], group.distractor[rows]
                     stats = _last_position_stats(
                         last, answer.to(self.device), distractor.to(self.device)
                     )
+                    return rows, stats
+
+                for rows, stats in self.backoff.chunks(len(group.rows), one):
                     for k, i in enumerate(chunk):
                         outcomes[i].add(group.rows[rows], {name: v[k] for name, v in stats.items()})
         return [acc.outcome() for acc in outcomes]

@@ -38,7 +38,6 @@ Steps: `read_attribution` (the attribution stage's tables and graph), `circuits`
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -73,18 +72,38 @@ class AttributionResults:
     graph: dict[str, Any] | None
 
 
-def read_attribution(attr_dir: Path | str) -> AttributionResults:
+# What interventions read from each attribution output (the score column is the method's).
+ATTRIBUTION_TABLES = {
+    "heads": ("layer", "head", "score"),
+    "components": ("kind", "layer", "index", "score", "score_selection"),
+    "features": ("kind", "site", "layer", "feature", "score", "score_selection"),
+}
+
+
+def read_attribution(attr_dir: Path | str, required: bool = False) -> AttributionResults:
+    """The attribution stage's tables and graph.json in `attr_dir`, each checked (InputError
+    naming the file when unreadable or missing a column). An absent file reads as None unless
+    `required` (the stage: the rule names all four)."""
+    from circuitflow import inputs
+
     attr_dir = Path(attr_dir)
+    rerun = f"attribution for {attr_dir}"
 
     def table(name: str) -> pd.DataFrame | None:
-        path = attr_dir / name
-        return pd.read_parquet(path) if path.is_file() else None
+        path = attr_dir / f"{name}.parquet"
+        if not required and not path.exists():
+            return None
+        return inputs.parquet_table(
+            path, ATTRIBUTION_TABLES[name], rerun, what=f"attribution {name} table"
+        )
 
     graph_path = attr_dir / "graph.json"
-    graph = json.loads(graph_path.read_text()) if graph_path.is_file() else None
-    return AttributionResults(
-        table("heads.parquet"), table("components.parquet"), table("features.parquet"), graph
+    graph = (
+        inputs.json_file(graph_path, ("nodes",), rerun, what="attribution graph")
+        if required or graph_path.exists()
+        else None
     )
+    return AttributionResults(table("heads"), table("components"), table("features"), graph)
 
 
 @dataclass
@@ -336,11 +355,12 @@ def run(
 
     cfg = InterventionsConfig.from_dict(config.get("interventions"))
     prompts = read_prompts(prompts_path)
+    # Every input checked before the model is loaded.
+    graph = read_attribution(attribution_dir, required=True).graph
     model_dir = Path(model_json).parent
     model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)
     # As attribution spliced the SAEs (it read how they were trained from the activations).
-    graph = read_attribution(attribution_dir).graph or {}
     with precise_math():
         return intervene(
             model,

@@ -14,15 +14,15 @@ weights are not reprocessed.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
+from circuitflow import inputs
 from circuitflow.devices import enable_fast_math, resolve_device, resolve_dtype
 from circuitflow.errors import ConfigError, InputError
-from circuitflow.io import sha256_files
+from circuitflow.io import sha256_file, sha256_files
 from circuitflow.model.architectures import hf_field
 
 MODEL_JSON = "model.json"
@@ -58,16 +58,8 @@ def remote_n_layers(official_name: str) -> int | None:
 
 def read_model_json(model_dir: Path | str) -> dict:
     path = Path(model_dir) / MODEL_JSON
-    if not path.is_file():
-        raise InputError(f"{path} does not exist: run the model stage first")
-    try:
-        info = json.loads(path.read_text())
-    except ValueError as err:
-        raise InputError(f"{path}: not readable JSON ({err})") from None
-    missing = [k for k in ("kind", "architecture", "weights_sha256") if k not in info]
-    if missing:
-        raise InputError(f"{path}: not a model.json (no {', '.join(missing)})")
-    return info
+    keys = ("kind", "architecture", "weights_sha256")
+    return inputs.json_file(path, keys, stage="the model stage", what="model.json")
 
 
 def architecture_of(cfg) -> dict:
@@ -105,10 +97,11 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
     if kind == "embedded":
         from transformers import PreTrainedTokenizerFast
 
+        weights = embedded_weights(model_dir, info)
         cfg = HookedTransformerConfig(**info["tl_config"])
         tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir / TOKENIZER_DIR)
         model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
-        model.load_state_dict(_read_weights(model_dir / WEIGHTS))
+        model.load_state_dict(weights)
         model.to(torch_dtype)
         model.to(device)
     elif kind == "transformer_lens":
@@ -124,16 +117,18 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
     return model
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The embedded model's safetensors, refusing a missing or damaged file in one line."""
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise InputError(f"{path}: missing; rerun the model stage")
-    try:
-        return load_file(path)
-    except Exception as err:  # noqa: BLE001 - safetensors raises several types for a bad file
-        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
+def embedded_weights(model_dir: Path, info: dict) -> dict[str, torch.Tensor]:
+    """The embedded model's weights, refusing in one line a missing or damaged file, one that
+    is not the file model.json describes (its SHA-256), or a missing tokenizer."""
+    path = model_dir / WEIGHTS
+    tensors = inputs.safetensors_file(path, stage="the model stage")
+    if sha256_file(path) != info["weights_sha256"]:
+        raise InputError(
+            f"{path}: not the weights {model_dir / MODEL_JSON} describes (SHA-256 differs: "
+            "changed or damaged since the model stage); rerun the model stage"
+        )
+    inputs.existing_file(model_dir / TOKENIZER_DIR / "tokenizer.json", stage="the model stage")
+    return tensors
 
 
 def load_local_hf(path: str | Path, device: str, dtype: torch.dtype):

@@ -76,6 +76,19 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return tensors, meta["state"]
 
 
+def set_aside(path: Path) -> Path:
+    """Move a damaged checkpoint out of the way (kept for inspection, never loaded again):
+    ``{root}/corrupt/step_n`` (``step_n.1``, ... when that name is taken)."""
+    target = path.parent / "corrupt" / path.name
+    n = 0
+    while target.exists():
+        n += 1
+        target = path.parent / "corrupt" / f"{path.name}.{n}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)
+    return target
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     ckpts = list_checkpoints(root)
     return ckpts[-1] if ckpts else None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from circuitflow import inputs
 from circuitflow.errors import InputError
 
 CFG_FILE = "cfg.json"
@@ -15,25 +15,16 @@ def load_sae(sae_dir: Path | str, device="cpu"):
     """The SAE in `sae_dir` (eval mode, parameters frozen, on `device`), after checking its
     cfg.json and weights: InputError naming the file when either is missing or unreadable."""
     from sae_lens import SAE
-    from safetensors import safe_open
 
     sae_dir = Path(sae_dir)
-    cfg_path, weights = sae_dir / CFG_FILE, sae_dir / WEIGHTS_FILE
-    for path in (cfg_path, weights):
-        if not path.is_file():
-            raise InputError(f"{path}: missing; rerun train_sae for {sae_dir}")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"{cfg_path}: not readable JSON ({err})") from None
+    if not sae_dir.is_dir():
+        raise InputError(f"{sae_dir}: SAE directory missing; rerun train_sae")
+    rerun = f"train_sae for {sae_dir}"
+    cfg = inputs.json_file(sae_dir / CFG_FILE, stage=rerun, what="SAELens cfg.json")
     if not (cfg.get("metadata") or {}).get("hook_name"):
-        raise InputError(f"{cfg_path}: the SAE names no metadata.hook_name")
-    try:
-        with safe_open(weights, framework="pt") as f:
-            names = set(f.keys())
-    except Exception as err:  # noqa: BLE001 - safetensors raises several types for a bad header
-        raise InputError(f"{weights}: not a readable safetensors file ({err})") from None
-    missing = {"W_enc", "W_dec"} - names
+        raise InputError(f"{sae_dir / CFG_FILE}: the SAE names no metadata.hook_name")
+    weights = sae_dir / WEIGHTS_FILE
+    missing = {"W_enc", "W_dec"} - inputs.safetensors_names(weights, stage=rerun)
     if missing:
         raise InputError(f"{weights}: no {', '.join(sorted(missing))} tensor")
     try:

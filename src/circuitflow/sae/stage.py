@@ -24,10 +24,16 @@ import torch
 from circuitflow import memory
 from circuitflow.capture.files import ActivationFileInfo, read_activation_info
 from circuitflow.devices import resolve_device
+from circuitflow.errors import CheckpointError
 from circuitflow.io import atomic_dir, write_json
 from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
-from circuitflow.sae.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from circuitflow.sae.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    set_aside,
+)
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
 from circuitflow.sae.fast import build_trainer
@@ -86,18 +92,25 @@ def plan_batch_size(
 
 
 def resume_state(ckpt_root: Path, fp: str) -> tuple[dict | None, dict[str, torch.Tensor]]:
-    """(state, tensors) of the newest checkpoint under `ckpt_root` made for fingerprint `fp`;
-    (None, {}) when there is none, or when it was made for another config or input (deleted)."""
-    ckpt = latest_checkpoint(ckpt_root)
-    if ckpt is None:
-        return None, {}
-    tensors, state = load_checkpoint(ckpt)  # CheckpointError if damaged
-    if state.get("fingerprint") != fp:
-        log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
-        shutil.rmtree(ckpt_root)
-        return None, {}
-    log.info("resumed from %s at %d tokens", ckpt, state["n_training_samples"])
-    return state, tensors
+    """(state, tensors) of the newest sound checkpoint under `ckpt_root` made for fingerprint
+    `fp`; (None, {}) when there is none, or when it was made for another config or input
+    (deleted). A damaged checkpoint (truncated by a full disk, bit rot) is set aside with a
+    warning and the one before it is tried: a retry never fails on it again (no crash loop on
+    Slurm retries), and with none left training starts over."""
+    while (ckpt := latest_checkpoint(ckpt_root)) is not None:
+        try:
+            tensors, state = load_checkpoint(ckpt)
+        except CheckpointError as err:
+            aside = set_aside(ckpt)
+            log.warning("%s; set aside as %s, trying the previous checkpoint", err, aside)
+            continue
+        if state.get("fingerprint") != fp:
+            log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
+            shutil.rmtree(ckpt_root)
+            return None, {}
+        log.info("resumed from %s at %d tokens", ckpt, state["n_training_samples"])
+        return state, tensors
+    return None, {}
 
 
 def plan(

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 from sae_lens.config import SAETrainerConfig
-from sae_lens.saes.sae import TrainStepOutput
+from sae_lens.saes.sae import TrainStepInput, TrainStepOutput
 from sae_lens.training.sae_trainer import SAETrainer
 
+from circuitflow import memory
 from circuitflow.capture.files import ActivationFileInfo
 from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import optimizer_from_flat, optimizer_to_flat
@@ -47,6 +48,72 @@ class ControlledSAETrainer(SAETrainer):
             self.sae.cfg.architecture()
         ).controlled_coefficient
         self.after_step = after_step
+        # A step that runs out of memory is redone in micro-batches (memory.OOMBackoff).
+        self.backoff = memory.OOMBackoff(
+            self.cfg.train_batch_size_samples, str(self.cfg.device), stage="train_sae"
+        )
+
+    def _train_step(self, sae, sae_in: torch.Tensor) -> TrainStepOutput:
+        """One optimiser step on the batch `sae_in`; after an out-of-memory error the batch is
+        split into micro-batches of the halved size whose gradients are accumulated (each loss
+        weighted by its share of the rows), so the step, the learning-rate schedule and the data
+        order are those of the full batch. The losses are means over rows (MSE, TopK's
+        auxiliary loss), so the accumulated gradient equals the full batch's up to float
+        rounding; BatchTopK's threshold is taken over each micro-batch instead."""
+
+        def attempt(size: int) -> TrainStepOutput:
+            if size >= len(sae_in):
+                return super(ControlledSAETrainer, self)._train_step(sae, sae_in)
+            self.optimizer.zero_grad()  # whatever a failed try left
+            return self._accumulated_step(sae, sae_in, size)
+
+        return self.backoff.run(attempt)
+
+    def _accumulated_step(self, sae, sae_in: torch.Tensor, size: int) -> TrainStepOutput:
+        """SAELens's `_train_step` over micro-batches of `size` rows (see `_train_step`)."""
+        sae.train()
+        outs = []
+        for start in range(0, len(sae_in), size):
+            part = sae_in[start : start + size]
+            with self.autocast_if_enabled:
+                out = self.sae.training_forward_pass(
+                    step_input=TrainStepInput(
+                        sae_in=part,
+                        dead_neuron_mask=self.dead_neurons,
+                        coefficients=self.get_coefficients(),
+                        n_training_steps=self.n_training_steps,
+                        is_logging_step=self._is_logging_step(),
+                    ),
+                )
+            (out.loss * (len(part) / len(sae_in))).backward()
+            outs.append(out)
+        with torch.no_grad():
+            feature_acts = torch.cat([o.feature_acts for o in outs])
+            firing = feature_acts.bool().float()
+            did_fire = firing.sum(-2).bool()
+            self.n_forward_passes_since_fired += 1
+            self.n_forward_passes_since_fired[did_fire] = 0
+            self.act_freq_scores += firing.sum(0)
+            self.n_frac_active_samples += self.cfg.train_batch_size_samples
+        torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.lr_scheduler.step()
+        for scheduler in self.coefficient_schedulers.values():
+            scheduler.step()
+        weights = [len(o.sae_in) / len(sae_in) for o in outs]
+
+        def mean(values: list[torch.Tensor]) -> torch.Tensor:
+            return sum(w * v.detach() for w, v in zip(weights, values, strict=True))
+
+        return TrainStepOutput(
+            sae_in=sae_in,
+            sae_out=torch.cat([o.sae_out.detach() for o in outs]),
+            feature_acts=feature_acts,
+            hidden_pre=torch.cat([o.hidden_pre.detach() for o in outs]),
+            loss=mean([o.loss for o in outs]),
+            losses={k: mean([o.losses[k] for o in outs]) for k in outs[0].losses},
+        )
 
     @torch.no_grad()
     def get_coefficients(self) -> dict[str, float]:

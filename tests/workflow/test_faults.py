@@ -1,0 +1,33 @@
+"""benchmarks/faults.py on .test/config/faults.yaml: SIGKILLs of the whole Snakemake process
+group inside every stage, each followed by the user's recovery (--unlock, then the same command
+with --rerun-incomplete), one injected out-of-memory error per GPU stage and a full disk, and
+the end results compared with an uninterrupted run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from helpers.dag import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_killed_anywhere_the_run_resumes_to_the_same_results(tmp_path):
+    spec = importlib.util.spec_from_file_location("faults", REPO / "benchmarks" / "faults.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    out = tmp_path / "faults.json"
+    result = faults.main(["--workdir", str(tmp_path / "runs"), "--out", str(out)])
+    assert out.is_file()
+    killed = {e["stage"] for e in result["kill_events"] if e["killed"]}
+    assert {"capture", "train_sae", "attribution", "interventions"} <= killed, result
+    assert result["kills"] >= 4
+    assert result["kills_survived"] == result["kills"], result
+    assert result["saes_resumed"] and all(result["saes_resumed"].values()), result
+    assert result["outputs_identical"], result["compare_runs"]
+    assert result["ooms"] == 4 and result["ooms_survived"] == 4, result["oom_stages"]
+    disk = result["full_disk"]
+    if "skipped" not in disk:
+        assert disk["clear_error"] and disk["resumed_status"] == 0, disk
+        assert disk["outputs_identical"], disk["compare_runs"]
