@@ -24,6 +24,7 @@ from circuitflow import memory
 from circuitflow.capture.files import ActivationFileInfo, read_activation_info
 from circuitflow.devices import resolve_device
 from circuitflow.io import atomic_dir, write_json
+from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -203,8 +204,14 @@ def summarise(
     since_fired = tr.n_forward_passes_since_fired
     window = min(dead_window_steps(cfg), tr.n_training_steps)
     contexts = load_eval_contexts(info, cfg.eval_contexts)
+    counter = PassCounter()  # the evaluation's model passes (training steps are tokens_trained)
     quality = evaluate_sae(
-        model, saved_sae, contexts, exclude_bos=info.bos_excluded, bos_token_id=info.bos_token_id
+        model,
+        saved_sae,
+        contexts,
+        exclude_bos=info.bos_excluded,
+        bos_token_id=info.bos_token_id,
+        counter=counter,
     )
     history = run.controller.state.history if run.controller else []
     resident = param_bytes(model)
@@ -231,6 +238,7 @@ def summarise(
             {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
         ],
         "config": cfg.to_dict(),
+        **counter.summary(len(contexts), unit="evaluation context"),
     }
 
 
