@@ -222,8 +222,12 @@ def summarise(
         "wall_time_s": run.clock.elapsed(),
         "tokens_per_s": (tr.n_training_samples - run.tokens_at_start) / run.session_s,
         "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
-        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch).
-        "planned_memory_mb": memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
+        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch); on
+        # CPU, where peak_memory_mb is the process's resident peak, with the libraries too.
+        "planned_memory_mb": (
+            memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
+            + (0 if device.startswith("cuda") else memory.runtime_bytes("model"))
+        )
         / memory.MiB,
         "architecture": cfg.architecture,
         "d_in": info.d_in,
