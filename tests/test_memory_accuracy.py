@@ -72,15 +72,14 @@ def _job_peak_mb(path: Path, results: Path) -> float:
     from circuitflow.report.job_costs import read_benchmark
 
     rel = path.relative_to(results / "benchmarks").with_suffix(".log")
-    logs = results / "logs"
-    name = str(rel)
-    candidates = [logs / rel, logs / "report" / name.removeprefix("report_")]
-    candidates.append(logs / "report" / Path(*rel.parts[1:]) if len(rel.parts) > 1 else logs)
+    log = results / "logs" / rel  # the report's rules log under logs/report/
+    if rel.parts[0].startswith("report_") or rel.parts[0] in ("job_costs.log", "sae_summary.log"):
+        name = Path(*rel.parts[1:]) if len(rel.parts) > 1 else rel.name.removeprefix("report_")
+        log = results / "logs" / "report" / name
     peak = float(read_benchmark(path)["max_rss"])
-    for log in candidates:
-        if log.is_file():
-            found = re.findall(r"peak resident memory: ([\d.]+) MiB", log.read_text())
-            peak = max([peak, *(float(f) for f in found)])
+    if log.is_file():
+        found = re.findall(r"peak resident memory: ([\d.]+) MiB", log.read_text())
+        peak = max([peak, *(float(f) for f in found)])
     return peak
 
 

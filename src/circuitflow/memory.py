@@ -607,12 +607,12 @@ RUNTIME_MB = {"base": 220, "report": 320, "model": 535, "architectures": 472}
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
 CUDA_HOST_MB = 2048
-# Generating a prompt set (the embedded language's sampler, the table): measured 0-65 MB.
-PROMPTS_WORK_MB = 30
+# attribution's feature contexts encode the activation file this many rows at a time.
+CONTEXT_CHUNK_ROWS = 16384
 # Loading a real model converts the checkpoint on the host: three fp32 copies at the peak.
 LOAD_COPIES = 3
 # What each rule's process imports; a rule not listed runs the `report` set. The embedded model's
-# prompts and capture token set need no tokenizer (`base`); a real model's load it (`model`).
+# prompts (`report`) and capture token set (`base`) need no tokenizer; a real model's load one.
 RUNTIME_KIND = {
     "provenance": "base", "provenance_run": "base", "merge_capture": "base",
     "report_gpu_hours": "architectures", "prompts": "model",
@@ -654,8 +654,6 @@ def _job_work_bytes(config: dict, rule: str, device: str) -> int:
     from circuitflow import resources
     from circuitflow.capture.files import chunk_rows_for
 
-    if rule == "prompts":  # the behaviour's generator and the prompt table
-        return PROMPTS_WORK_MB * MiB
     if rule not in MODEL_RULES and rule != "capture_tokens":
         return 0
     cfg = resources.model_cfg(config)
@@ -707,8 +705,17 @@ def _job_work_bytes(config: dict, rule: str, device: str) -> int:
             cfg, n_params, PRESET_PROMPT_LENGTH if real else n_ctx, n_hooks, d_sae, dtype,
             device, attr.get("method", "ig"),
         )  # fmt: skip
-        return max(load, at(est, int(attr.get("batch_size", 16))))
-    return max(load, n_params * c)  # the model's weights (train_model, baseline, interventions)
+        work = at(est, int(attr.get("batch_size", 64)))
+        if not cuda:  # feature contexts: chunks of activation rows encoded (3 d_sae-wide tensors)
+            work = max(work, est.weights + CONTEXT_CHUNK_ROWS * d_sae * 4 * 3)
+        return max(load, work)
+    if rule == "interventions":  # batch_size x runs_per_pass sequences a pass, logits included
+        iv = config.get("interventions", {})
+        batch = int(iv.get("batch_size", 64)) * int(iv.get("runs_per_pass", 16))
+        plen = PRESET_PROMPT_LENGTH if real else n_ctx
+        est = estimate_forward(cfg, n_params, plen, None, 0, torch.float32, "float32", device)
+        return max(load, at(est, batch))
+    return max(load, n_params * c)  # the model's weights (train_model, baseline)
 
 
 def job_peak_bytes(config: dict, rule: str, device: str = "cpu") -> int:
@@ -717,8 +724,8 @@ def job_peak_bytes(config: dict, rule: str, device: str = "cpu") -> int:
     batch sizes, the host's share on a GPU; the real model's load copies where larger).
     tests/test_memory_accuracy.py checks every default-DAG job against its measured max_rss."""
     kind = RUNTIME_KIND.get(rule, "report")
-    if rule in ("prompts", "capture_tokens") and config["model"]["name"] == "embedded":
-        kind = "base"
+    if config["model"]["name"] == "embedded" and rule in ("prompts", "capture_tokens"):
+        kind = "report" if rule == "prompts" else "base"
     return runtime_bytes(kind, device) + _job_work_bytes(config, rule, device)
 
 
