@@ -181,7 +181,10 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     from circuitflow.model import architectures
 
     arch = architectures.config("gpt2-small")
-    full = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    from circuitflow import config as cf_config
+
+    # The full run's config as the pipeline resolves it (the schema's defaults filled in).
+    full = cf_config.resolve(yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text()))
     full_hooks = arch.n_layers * len(full["sites"])
     a100 = perf.NOMINAL_PEAK_FLOPS["A100"]
     run_hooks = len(run_cfg["layers"]) * len(run_cfg["sites"])
@@ -202,9 +205,7 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     # train_sae: the SAE's tokens and the evaluation's passes (eval contexts of the capture's t).
     sae = stages["train_sae"]
     d_sae = lambda cfg: cfg["sae"].get("d_sae") or cfg["sae"]["expansion_factor"] * 768  # noqa: E731
-    sae_full = merge(
-        yaml.safe_load((REPO / "config" / "config.yaml").read_text())["sae"], full["sae"]
-    )
+    sae_full = full["sae"]
     per_token = perf.sae_training_flops_per_token
     run_flops = sae["tokens_trained_total"] * per_token(768, d_sae(run_cfg)) + sae[
         "forward_equivalents_total"
