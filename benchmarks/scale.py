@@ -108,10 +108,12 @@ def run_config(device: str, workdir: Path, model_dir: Path, corpus: Path) -> dic
     return merge(config, CPU_OVERRIDES) if device == "cpu" else config
 
 
-def snakemake(config_file: Path, cores: int) -> float:
+def snakemake(config_file: Path, cores: int, gpus: int) -> float:
+    """Run the DAG; on a GPU one GPU job at a time (`--resources gpus=N`), so each job's wall
+    time is its own."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
            "--directory", str(REPO), "--configfile", str(config_file),
-           "--cores", str(cores)]  # fmt: skip
+           "--cores", str(cores), "--resources", f"gpus={gpus}"]  # fmt: skip
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
     log = config_file.parent / "snakemake.log"
@@ -121,6 +123,13 @@ def snakemake(config_file: Path, cores: int) -> float:
     if done.returncode != 0:
         sys.exit(f"snakemake failed ({done.returncode}); see {log}")
     return time.perf_counter() - t0
+
+
+def elapsed_s(log: Path) -> float:
+    """Snakemake's `Elapsed time: H:MM:SS.f` at the end of a finished run's log."""
+    line = next(x for x in reversed(log.read_text().splitlines()) if x.startswith("Elapsed time"))
+    h, m, sec = line.split(": ", 1)[1].split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
 
 
 # --- what the run measured ------------------------------------------------------------------------
@@ -249,6 +258,12 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="default: a fresh temp directory")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a finished run in --workdir (its snakemake.log's elapsed time) instead of "
+        "running the DAG again",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     import tempfile
@@ -263,10 +278,15 @@ def main() -> None:
     if not (model_dir / "config.json").is_file():
         write_model(model_dir)
     config = run_config(args.device, workdir, model_dir, corpus)
-    write_corpus(corpus, int(1.2 * config["capture"]["n_tokens"]) + 10_000)
+    if not args.reuse:
+        write_corpus(corpus, int(1.2 * config["capture"]["n_tokens"]) + 10_000)
     config_file = workdir / "config.yaml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-    total_s = snakemake(config_file, args.cores)
+    if not args.reuse:
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    if args.reuse:
+        total_s = elapsed_s(workdir / "snakemake.log")
+    else:
+        total_s = snakemake(config_file, args.cores, 1 if args.device == "cuda" else 0)
 
     results = workdir / "results"
     stages = {}
