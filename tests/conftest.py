@@ -20,12 +20,13 @@ from helpers.dag import REPO, load_test_config, run_snakemake
 SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        for fixture, group in SHARED_RUNS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+def pytest_itemcollected(item):
+    # Marked as each test is collected: xdist reads the groups in its own
+    # pytest_collection_modifyitems, which may run before this conftest's.
+    for fixture, group in SHARED_RUNS.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(group))
+            break
 
 
 @pytest.fixture(scope="session")

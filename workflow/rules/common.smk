@@ -9,6 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from circuitflow import config as cf_config
 from circuitflow import resources as cf_resources
+from circuitflow.report import gpu_hours as cf_gpu_hours
 
 try:
     # Schema validation (snakemake.utils.validate, defaults filled) runs first, then the checks

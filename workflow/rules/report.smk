@@ -148,9 +148,7 @@ rule report_provenance:
 
 # GPU-hours of a full run from the GPU benchmark suite's results committed under
 # benchmarks/results/ (benchmarks/gpu_suite.py), for this run and the CSD3 reference config.
-SUITE_RESULTS = sorted(
-    str(p) for p in (Path(workflow.basedir) / "benchmarks" / "results").glob("*.json")
-)
+SUITE_RESULTS = cf_gpu_hours.suite_files(Path(workflow.basedir) / "benchmarks" / "results")
 
 
 rule report_gpu_hours:

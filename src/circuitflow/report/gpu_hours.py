@@ -52,6 +52,20 @@ def load_suite(path: Path | str) -> dict:
     return data
 
 
+def suite_files(folder: Path | str) -> list[str]:
+    """The gpu_suite result files among benchmarks/results/*.json: the other benchmarks write
+    there too (sae_train-<device>.json, scale-<device>.json, faults.json)."""
+
+    def other_benchmark(path: Path) -> bool:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False  # kept: load_suite refuses it in one line
+        return not (isinstance(data, dict) and "suite" in data)
+
+    return [str(p) for p in sorted(Path(folder).glob("*.json")) if not other_benchmark(p)]
+
+
 def _records(suite: dict, model: str, stage: str) -> list[dict]:
     return [r for r in suite["results"] if r["model"] == model and r["stage"] == stage]
 
