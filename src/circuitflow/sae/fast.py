@@ -317,35 +317,56 @@ class SparseTopKTrainer(ControlledSAETrainer):
         )
 
     def _train_step(self, sae: Any, sae_in: torch.Tensor) -> TrainStepOutput:
-        """SAETrainer._train_step with `sparse_forward` for the SAE's training_forward_pass."""
+        """SAETrainer._train_step with `sparse_forward` for the SAE's training_forward_pass.
+        After an out-of-memory error the step is redone over micro-batches of the halved size
+        (memory.OOMBackoff, as ControlledSAETrainer does), each loss weighted by its share of the
+        rows: the same step, learning rate and data up to float rounding."""
         sae.train()
-        step = sparse_forward(sae, sae_in, self.dead_neurons, self.cfg.autocast)
+
+        def attempt(size: int) -> list[tuple[int, Any]]:
+            self.optimizer.zero_grad()  # whatever a failed try left
+            parts = []
+            for start in range(0, len(sae_in), size):
+                part = sae_in[start : start + size]
+                step = sparse_forward(sae, part, self.dead_neurons, self.cfg.autocast)
+                (step.loss * (len(part) / len(sae_in))).backward()
+                parts.append((start, step))
+            return parts
+
+        parts = self.backoff.run(attempt)
         with torch.no_grad():
-            activations = step.main.scores.relu()
-            self._record_firing(step.main.latents[activations > 0])
+            activations = torch.cat([step.main.scores.relu() for _, step in parts])
+            latents = torch.cat([step.main.latents for _, step in parts])
+            bags = torch.cat([step.main.bags + start for start, step in parts])
+            self._record_firing(latents[activations > 0])
             if sae.cfg.architecture() == "batchtopk":
-                sae.update_topk_threshold(activations)
-        step.loss.backward()
+                for _, step in parts:
+                    sae.update_topk_threshold(step.main.scores.relu())
         torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
         for scheduler in self.coefficient_schedulers.values():
             scheduler.step()
+        share = [len(step.sae_out) / len(sae_in) for _, step in parts]
+        loss = sum(w * step.loss.detach() for w, (_, step) in zip(share, parts, strict=True))
+        losses = {
+            k: sum(w * step.losses[k] for w, (_, step) in zip(share, parts, strict=True))
+            for k in parts[0][1].losses
+        }
         # SAELens's dense [batch, d_sae] outputs, as sparse tensors (fit() reads only losses).
-        entries = torch.stack([step.main.bags, step.main.latents])
+        entries = torch.stack([bags, latents])
         shape = (len(sae_in), sae.cfg.d_sae)
+        scores = torch.cat([step.main.scores for _, step in parts])
         return TrainStepOutput(
             sae_in=sae_in,
-            sae_out=step.sae_out,
+            sae_out=torch.cat([step.sae_out for _, step in parts]),
             feature_acts=torch.sparse_coo_tensor(
                 entries, activations, shape, check_invariants=False
             ),
-            hidden_pre=torch.sparse_coo_tensor(
-                entries, step.main.scores, shape, check_invariants=False
-            ),
-            loss=step.loss,
-            losses=step.losses,
+            hidden_pre=torch.sparse_coo_tensor(entries, scores, shape, check_invariants=False),
+            loss=loss,
+            losses=losses,
         )
 
     @torch.no_grad()
