@@ -342,12 +342,7 @@ class SparseTopKTrainer(ControlledSAETrainer):
             if sae.cfg.architecture() == "batchtopk":
                 for _, step in parts:
                     sae.update_topk_threshold(step.main.scores.relu())
-        torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        self.lr_scheduler.step()
-        for scheduler in self.coefficient_schedulers.values():
-            scheduler.step()
+        self._optimiser_step(sae)
         share = [len(step.sae_out) / len(sae_in) for _, step in parts]
         loss = sum(w * step.loss.detach() for w, (_, step) in zip(share, parts, strict=True))
         losses = {

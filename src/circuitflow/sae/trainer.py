@@ -69,6 +69,15 @@ class ControlledSAETrainer(SAETrainer):
 
         return self.backoff.run(attempt)
 
+    def _optimiser_step(self, sae) -> None:
+        """The end of SAELens's step once the gradients are in: clip, Adam, schedules."""
+        torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.lr_scheduler.step()
+        for scheduler in self.coefficient_schedulers.values():
+            scheduler.step()
+
     def _accumulated_step(self, sae, sae_in: torch.Tensor, size: int) -> TrainStepOutput:
         """SAELens's `_train_step` over micro-batches of `size` rows (see `_train_step`)."""
         sae.train()
@@ -95,12 +104,7 @@ class ControlledSAETrainer(SAETrainer):
             self.n_forward_passes_since_fired[did_fire] = 0
             self.act_freq_scores += firing.sum(0)
             self.n_frac_active_samples += self.cfg.train_batch_size_samples
-        torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        self.lr_scheduler.step()
-        for scheduler in self.coefficient_schedulers.values():
-            scheduler.step()
+        self._optimiser_step(sae)
         weights = [len(o.sae_in) / len(sae_in) for o in outs]
 
         def mean(values: list[torch.Tensor]) -> torch.Tensor:
