@@ -148,7 +148,9 @@ rule report_provenance:
 
 # GPU-hours of a full run from the GPU benchmark suite's results committed under
 # benchmarks/results/ (benchmarks/gpu_suite.py), for this run and the CSD3 reference config.
-SUITE_RESULTS = cf_gpu_hours.suite_files(Path(workflow.basedir) / "benchmarks" / "results")
+SUITE_RESULTS = cf_gpu_hours.suite_files(
+    Path(workflow.basedir) / "benchmarks" / "results"
+)
 
 
 rule report_gpu_hours:
