@@ -37,7 +37,7 @@ import torch
 from circuitflow import memory
 from circuitflow.attribution.splice import encode
 from circuitflow.errors import ConfigError
-from circuitflow.nodes import Node
+from circuitflow.nodes import Node, hook_name
 from circuitflow.perf import PassCounter
 from circuitflow.prompts import by_length
 
@@ -133,6 +133,7 @@ class Intervener:
         self.n = len(prompts)
         self.groups = self._groups(prompts)
         self._ref: dict[tuple, Any] = {}
+        self.final_resid = hook_name("resid_post", model.cfg.n_layers - 1)
 
     def _groups(self, prompts: pd.DataFrame) -> list[PromptGroup]:
         groups = []
@@ -212,14 +213,13 @@ class Intervener:
         return acts[idx]  # [K, b, pos, ...]
 
     # --- hooks --------------------------------------------------------------------------------
-    def _hook_fn(self, name: str, runs: list[Request], g: int, rows: np.ndarray, perms: list):
-        """The hook at `name` for a pass of len(runs) copies of prompts `rows` of group `g`."""
-        k, dev = len(runs), self.device
+    def _hook_fn(self, name: str, nodes: list[list[Node]], steer: list[list], g, rows, perms):
+        """The hook at `name` for a pass of len(nodes) copies of prompts `rows` of group `g`:
+        copy i ablates `nodes[i]` (its nodes at this hook) and adds the vectors `steer[i]`."""
+        k, dev = len(nodes), self.device
         heads, whole, feats, error = {}, [], {}, []
-        for i, run in enumerate(runs):
-            for node in run.nodes:
-                if node.hook != name:
-                    continue
+        for i, at_hook in enumerate(nodes):
+            for node in at_hook:
                 if node.kind == "head":
                     heads.setdefault(i, []).append(node.index)
                 elif node.kind == "feature":
@@ -228,7 +228,9 @@ class Intervener:
                     error.append(i)
                 else:
                     whole.append(i)
-        steer = [[vec for hook, vec in run.steer if hook == name] for run in runs]
+        # The last layer's residual stream reaches the scored logits (the last position's) only
+        # at that position: its SAE nodes are spliced there alone (a 1/pos share of the work).
+        last_only = name == self.final_resid
 
         def mask(indices: list[int]) -> torch.Tensor:
             m = torch.zeros(k, dtype=torch.bool, device=dev)
@@ -248,7 +250,9 @@ class Intervener:
                 m = mask(whole)[:, None, None, None]
                 act = torch.where(m, torch.as_tensor(ref).to(act), act)
             if feats or error:
-                act = act + self._sae_delta(name, act, feats, mask(error), g, rows, perms)
+                at = slice(-1, None) if last_only else slice(None)
+                delta = self._sae_delta(name, act[:, :, at], feats, mask(error), g, rows, perms)
+                act[:, :, at] += delta
             for i, vecs in enumerate(steer):
                 for vec in vecs:
                     act[i, :, 1:] += vec.to(act)
@@ -267,21 +271,28 @@ class Intervener:
         perms: list,
     ) -> torch.Tensor:
         """(a_ref - a)[F_k] W_dec[F_k] + (e_ref - e) [copy k's error ablated] for the spliced SAE
-        at `hook` (one encode), per copy k of `act` [K, b, pos, d]."""
+        at `hook` (one encode), per copy k of `act` [K, b, pos, d]: every position, or the
+        last alone when `act` holds one position of longer prompts (see _hook_fn)."""
         sae = self.saes[hook]
-        a = encode(sae, act.flatten(0, 1), self.bypass_bos).float().view(*act.shape[:3], -1)
+        last = act.shape[2] < self.groups[g].clean.shape[1]  # not BOS: nothing to bypass
+
+        def reference(part: str):
+            ref = torch.as_tensor(self._reference(hook, part, g, rows, perms))
+            return ref[:, :, -1:] if last and ref.dim() > 2 else ref
+
+        a = encode(sae, act.flatten(0, 1), self.bypass_bos and not last)
+        a = a.float().view(*act.shape[:3], -1)
         delta = torch.zeros(act.shape, dtype=torch.float32, device=act.device)
         if feats:
             m = torch.zeros(act.shape[0], a.shape[-1], dtype=torch.bool, device=act.device)
             for i, idx in feats.items():
                 m[i, idx] = True
-            ref = self._reference(hook, "feats", g, rows, perms)
-            moved = torch.where(m[:, None, None, :], torch.as_tensor(ref).to(a) - a, 0.0)
+            moved = torch.where(m[:, None, None, :], reference("feats").to(a) - a, 0.0)
             delta += moved @ sae.W_dec.float()
         if error.any():
             e = act.float() - sae.decode(a.to(sae.dtype)).float()
-            ref = self._reference(hook, "error", g, rows, perms)
-            delta += torch.where(error[:, None, None, None], torch.as_tensor(ref).to(e) - e, 0.0)
+            ref = reference("error")
+            delta += torch.where(error[:, None, None, None], ref.to(e) - e, 0.0)
         return delta.to(act.dtype)
 
     # --- runs ---------------------------------------------------------------------------------
@@ -306,12 +317,31 @@ class Intervener:
         for start in range(0, len(runs), self.runs_per_pass):
             chunk = list(range(start, min(start + self.runs_per_pass, len(runs))))
             chunk_runs = [runs[i] for i in chunk]
+            at_hook = {h: [[] for _ in chunk_runs] for h in hooks}  # [hook][copy] -> nodes
+            steers = {h: [[] for _ in chunk_runs] for h in hooks}
+            for i, run in enumerate(chunk_runs):
+                for node in run.nodes:
+                    at_hook[node.hook][i].append(node)
+                for h, vec in run.steer:
+                    steers[h][i].append(vec)
             for g, group in enumerate(self.groups):
                 perms = [self._permutation(run.seed, group) for run in chunk_runs]
 
-                def one(start, stop, g=g, group=group, chunk_runs=chunk_runs, perms=perms):
+                def one(
+                    start,
+                    stop,
+                    g=g,
+                    group=group,
+                    chunk_runs=chunk_runs,
+                    perms=perms,
+                    at_hook=at_hook,
+                    steers=steers,
+                ):
                     rows = np.arange(start, stop)
-                    fwd = [(h, self._hook_fn(h, chunk_runs, g, rows, perms)) for h in sorted(hooks)]
+                    fwd = [
+                        (h, self._hook_fn(h, at_hook[h], steers[h], g, rows, perms))
+                        for h in sorted(hooks)
+                    ]
                     tokens = group.clean[rows].to(self.device).repeat(len(chunk_runs), 1)
                     with self.model.hooks(fwd_hooks=fwd):
                         logits = self.model(tokens, return_type="logits")

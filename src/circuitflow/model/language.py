@@ -73,19 +73,23 @@ class SyntheticLanguage:
 
     # --- training documents -------------------------------------------------------------------
     def document(self, rng: np.random.Generator, n_ctx: int) -> list[int]:
+        # ids[rng.integers(0, len(ids), size)] draws what rng.choice(ids, size) draws, from the
+        # same stream, at a sixth of its overhead (model training makes 160k documents).
         tokens = [self.bos_id]
+        n_random, n_subjects = len(self.random_ids), len(self.subject_ids)
         if rng.random() < self.cfg.induction_share:
             while len(tokens) < n_ctx:
                 segment = rng.choice(self.random_ids, size=int(rng.integers(6, 17)), replace=False)
                 for _ in range(int(rng.integers(2, 4))):
-                    tokens += rng.choice(self.random_ids, size=int(rng.integers(0, 6))).tolist()
+                    filler = rng.integers(0, n_random, size=int(rng.integers(0, 6)))
+                    tokens += self.random_ids[filler].tolist()
                     tokens += segment.tolist()
         else:
             while len(tokens) < n_ctx:
                 if rng.random() < 0.3:
-                    tokens.append(int(rng.choice(self.random_ids)))
+                    tokens.append(int(self.random_ids[rng.integers(0, n_random)]))
                 else:
-                    subject = int(rng.choice(self.subject_ids))
+                    subject = int(self.subject_ids[rng.integers(0, n_subjects)])
                     tokens += [subject, self.fact_of[subject]]
         return tokens[:n_ctx]
 
