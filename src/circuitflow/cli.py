@@ -72,7 +72,7 @@ def _fail(message: str, status: int) -> None:
 def _log_peak_memory() -> None:
     """The job's exact peak resident set (Snakemake's benchmark files sample it, every 30 s after
     the first 15, and can miss a short peak): tests/test_memory_accuracy.py reads it."""
-    import resource
+    from circuitflow.memory import MiB, resident_peak_bytes
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = resident_peak_bytes() / MiB
     logging.getLogger("circuitflow").info("peak resident memory: %.1f MiB", peak)

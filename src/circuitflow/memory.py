@@ -77,6 +77,16 @@ def peak_memory_bytes(device: str) -> int:
     """Peak memory of this run: CUDA's max allocated, else the process's max resident set."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated())
+    return resident_peak_bytes()
+
+
+def resident_peak_bytes() -> int:
+    """This process's peak resident set: VmHWM, which starts afresh at exec. Not ru_maxrss:
+    Linux carries the parent's high-water mark across fork and exec into it, so a job started
+    by a 1 GB process (pytest, Snakemake) would report at least 1 GB."""
+    hwm = _proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
@@ -699,25 +709,26 @@ def measure_runtime_bytes(kind: str) -> int:
     import sys
 
     code = (
-        "import importlib, resource\n"
+        "import importlib\n"
         f"for m in {RUNTIME_MODULES[kind]!r}: importlib.import_module(m)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        # VmHWM read here: importing this module would add its own imports to the measure.
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
-    return int(done.stdout.split()[-1]) * 1024  # KiB on Linux
+    return int(done.stdout.split()[-1]) * 1024  # kB
 
 
 def _job_work_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of a job's work at the batch sizes its config sets (see job_peak_bytes)."""
-    from circuitflow import resources
     from circuitflow.capture.files import chunk_rows_for
+    from circuitflow.model import architectures
 
     if rule not in MODEL_RULES and rule != "capture_tokens":
         return 0
-    cfg = resources.model_cfg(config)
-    n_params = resources.model_shape(config).n_params
+    cfg = architectures.model_cfg(config)
+    n_params = architectures.model_shape(config).n_params
     cuda = device.startswith("cuda")
     # On CPU everything is host memory; on a GPU the host keeps what Estimate.host counts.
     c = 4 if not cuda else 2  # model.dtype auto: fp32 on CPU, 16-bit on a GPU

@@ -14,8 +14,6 @@ fine; wrong by ten is a bug: override a rule with `--set-resources RULE:mem_mb=.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
 from circuitflow.model import architectures
 
@@ -63,54 +61,6 @@ MB = 2**20
 GPT2_PARAMS = 124_000_000
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    n_layers: int
-    d_model: int
-    d_mlp: int
-    vocab: int
-    n_params: int
-
-
-def _shape(cfg) -> ModelShape:
-    return ModelShape(
-        cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.d_vocab, architectures.n_params(cfg)
-    )
-
-
-def model_shape(config: dict) -> ModelShape:
-    """The model's shape without loading it (see the module docstring for the sources)."""
-    return _shape(model_cfg(config))
-
-
-def model_cfg(config: dict):
-    """The model's TransformerLens-like config without loading it (as model_shape)."""
-    from types import SimpleNamespace
-
-    model = config["model"]
-    if model["name"] == "embedded":
-        arch = config["embedded"]["architecture"]
-        lang = config["embedded"]["language"]
-        # Random tokens, subjects, attributes and a few specials: a tiny vocabulary.
-        vocab = lang["n_random_tokens"] + lang["n_subjects"] + lang["n_attributes"] + 16
-        cfg = SimpleNamespace(
-            **{k: arch[k] for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx")},
-            d_vocab=vocab,
-            gated_mlp=False,
-            normalization_type="LN",
-            positional_embedding_type="shortformer",
-        )
-        return cfg
-    if (Path(model["name"]) / "config.json").is_file():
-        return architectures.from_hf_config(architectures.read_hf_config(model["name"]))
-    key = architectures.architecture_key(model["name"])
-    if key:
-        return architectures.config(key)
-    n_layers = model.get("n_layers") or max(config.get("layers") or [23]) + 1
-    hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
-    return architectures.from_hf_config(hf)
-
-
 def gpus(config: dict, rule: str) -> int:
     """GPUs for one job: 1 for model and SAE work unless the config pins `device: cpu`."""
     return int(rule in GPU_RULES and config.get("device") != "cpu")
@@ -145,7 +95,7 @@ def runtime(config: dict, rule: str, attempt: int = 1, cap: int | None = None) -
     if rule in LIGHT_RULES:
         return min(LIGHT_RUNTIME * attempt, cap) if cap else LIGHT_RUNTIME * attempt
     minutes = BASE_RUNTIME.get(rule, DEFAULT_RUNTIME)
-    size = max(1.0, model_shape(config).n_params / GPT2_PARAMS)
+    size = max(1.0, architectures.model_shape(config).n_params / GPT2_PARAMS)
     if rule in GPU_RULES or rule == "capture_tokens":
         minutes *= size
     if rule == "train_sae":
