@@ -94,6 +94,18 @@ def test_runtime_constants_match_a_fresh_interpreter():
         assert 0.9 <= memory.RUNTIME_MB[kind] / measured <= 1.1, (kind, measured)
 
 
+def test_a_job_peak_does_not_inherit_its_parents():
+    """Linux carries a parent's ru_maxrss across fork and exec: a job started by a large process
+    (pytest, Snakemake) must still report its own peak."""
+    import numpy as np
+
+    from circuitflow import memory
+
+    ballast = np.ones(96 * memory.MiB)  # 768 MiB resident in this process
+    measured = memory.measure_runtime_bytes("base") / memory.MiB
+    assert ballast.sum() > 0 and 0.9 <= memory.RUNTIME_MB["base"] / measured <= 1.1, measured
+
+
 def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
     """memory.job_peak_bytes (what resources.mem_mb asks Slurm for, less its headroom): the
     interpreter and libraries included, within 25% of every job's max_rss in the default run."""
