@@ -57,3 +57,78 @@ def test_estimate_within_20_percent_of_measured_peak(measured, case):
         f"{case}: planned {r['planned'] / 2**20:.0f} MiB, "
         f"measured {r['measured'] / 2**20:.0f} MiB (ratio {ratio:.2f})"
     )
+
+
+# --- whole jobs: each default-DAG job's plan against its measured max_rss -------------------------
+def _job_rule(path: Path, bench: Path) -> str:
+    rel = path.relative_to(bench).with_suffix("")
+    rule = rel.parts[0]
+    return "interventions_across" if rel.parts[1:] == ("across",) else rule
+
+
+def _job_peak_mb(path: Path, results: Path) -> float:
+    """The job's peak in MiB: its benchmark file's max_rss (sampled: every 30 s after 15 s)
+    or, where larger, the exact ru_maxrss the stage script logs on success (cli.main)."""
+    import re
+
+    from circuitflow.report.job_costs import read_benchmark
+
+    rel = path.relative_to(results / "benchmarks").with_suffix(".log")
+    log = results / "logs" / rel  # the report's rules log under logs/report/
+    if rel.parts[0].startswith("report_") or rel.parts[0] in ("job_costs.log", "sae_summary.log"):
+        name = Path(*rel.parts[1:]) if len(rel.parts) > 1 else rel.name.removeprefix("report_")
+        log = results / "logs" / "report" / name
+    peak = float(read_benchmark(path)["max_rss"])
+    if log.is_file():
+        found = re.findall(r"peak resident memory: ([\d.]+) MiB", log.read_text())
+        peak = max([peak, *(float(f) for f in found)])
+    return peak
+
+
+def test_runtime_constants_match_a_fresh_interpreter():
+    """RUNTIME_MB (the libraries a job imports) is measured, not guessed: re-measure it."""
+    from circuitflow import memory
+
+    for kind in memory.RUNTIME_MODULES:
+        measured = memory.measure_runtime_bytes(kind) / memory.MiB
+        assert 0.9 <= memory.RUNTIME_MB[kind] / measured <= 1.1, (kind, measured)
+
+
+def test_a_job_peak_does_not_inherit_its_parents():
+    """Linux carries a parent's ru_maxrss across fork and exec: a job started by a large process
+    (pytest, Snakemake) must still report its own peak."""
+    import numpy as np
+
+    from circuitflow import memory
+
+    ballast = np.ones(96 * memory.MiB)  # 768 MiB resident in this process
+    measured = memory.measure_runtime_bytes("base") / memory.MiB
+    assert ballast.sum() > 0 and 0.9 <= memory.RUNTIME_MB["base"] / measured <= 1.1, measured
+
+
+def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
+    """memory.job_peak_bytes (what resources.mem_mb asks Slurm for, less its headroom): the
+    interpreter and libraries included, within 25% of every job's max_rss in the default run."""
+    import yaml
+    from helpers.dag import REPO
+
+    from circuitflow import config as cf_config
+    from circuitflow import memory, resources
+
+    config = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    bench = default_results / "benchmarks"
+    checked, off = set(), []
+    for path in sorted(bench.rglob("*.tsv")):
+        rule = _job_rule(path, bench)
+        measured = _job_peak_mb(path, default_results)
+        planned = memory.job_peak_bytes(config, rule, "cpu") / 2**20
+        checked.add(rule)
+        if not 0.75 <= planned / measured <= 1.25:
+            off.append(
+                f"{path.relative_to(bench)}: planned {planned:.0f} MB, max_rss {measured:.0f}"
+            )
+        requested = resources.mem_mb(config | {"device": "cpu"}, rule)
+        assert requested >= measured, (rule, requested, measured)
+    assert not off, "\n".join(off)
+    assert {"train_model", "baseline", "capture", "train_sae", "attribution", "interventions",
+            "job_costs"} <= checked  # fmt: skip

@@ -32,14 +32,14 @@ def test_parameter_counts_are_those_of_the_built_models():
 
 
 def test_model_shape_of_every_kind_of_model(tiny_hf_model_dir):
-    assert resources.model_shape(EMBEDDED).d_model == 64
+    assert architectures.model_shape(EMBEDDED).d_model == 64
     for name, key in (("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b"), ("gpt2", "gpt2-small")):
-        shape = resources.model_shape(_real(name, 24))
+        shape = architectures.model_shape(_real(name, 24))
         assert shape.n_params == architectures.n_params(architectures.config(key)), name
     # Qwen2.5-0.5B as loaded (untied unembedding): 630.5M, not the 558.5M that ignored the
     # gated MLP and grouped-query attention.
-    assert resources.model_shape(_real("Qwen/Qwen2.5-0.5B", 24)).n_params == 630_479_104
-    local = resources.model_shape(_real(str(tiny_hf_model_dir), 2))
+    assert architectures.model_shape(_real("Qwen/Qwen2.5-0.5B", 24)).n_params == 630_479_104
+    local = architectures.model_shape(_real(str(tiny_hf_model_dir), 2))
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_hf_model_dir)

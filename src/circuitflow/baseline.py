@@ -15,13 +15,16 @@ import pandas as pd
 import torch
 
 from circuitflow.io import save_figure, write_json, write_parquet
+from circuitflow.perf import PassCounter
 from circuitflow.prompts import by_length, prompts_hash
 
 
 @torch.no_grad()
-def last_token_logits(model, token_lists: list[list[int]], batch_size: int) -> torch.Tensor:
+def last_token_logits(
+    model, token_lists: list[list[int]], batch_size: int, counter: PassCounter | None = None
+) -> torch.Tensor:
     """Final-position logits [n, d_vocab] in float32, batching prompts of equal length together
-    (no padding, so no attention-mask subtleties)."""
+    (no padding, so no attention-mask subtleties); `counter` counts the forward passes."""
     out = torch.empty(len(token_lists), model.cfg.d_vocab_out, dtype=torch.float32)
     device = next(model.parameters()).device
     for indices in by_length(token_lists):
@@ -29,6 +32,8 @@ def last_token_logits(model, token_lists: list[list[int]], batch_size: int) -> t
             chunk = indices[start : start + batch_size].tolist()
             batch = torch.tensor(np.stack([token_lists[i] for i in chunk]), device=device)
             out[chunk] = model(batch, return_type="logits")[:, -1].float().cpu()
+            if counter is not None:
+                counter.forward(len(chunk))
     return out
 
 
@@ -82,9 +87,13 @@ def expected_calibration_error(table: pd.DataFrame) -> float:
 
 
 def score(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
-    """Score a prompt set; returns (summary dict, per-prompt rows, calibration table)."""
-    clean = last_token_logits(model, list(prompts["clean_tokens"]), batch_size)
-    corrupted = last_token_logits(model, list(prompts["corrupted_tokens"]), batch_size)
+    """Score a prompt set; returns (summary dict, per-prompt rows, calibration table). The
+    summary counts the forward passes spent (perf.PassCounter, parts clean and corrupted)."""
+    counter = PassCounter()
+    with counter.part("clean"):
+        clean = last_token_logits(model, list(prompts["clean_tokens"]), batch_size, counter)
+    with counter.part("corrupted"):
+        corrupted = last_token_logits(model, list(prompts["corrupted_tokens"]), batch_size, counter)
     scores = score_prompts(clean, prompts)
     scores["corrupted_logit_diff"] = score_prompts(corrupted, prompts)["logit_diff"].to_numpy()
     table = calibration_table(scores, n_bins)
@@ -98,6 +107,7 @@ def score(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
         "brier_score": float(((scores["top_prob"] - scores["top1_correct"]) ** 2).mean()),
         "n_prompts": int(len(scores)),
         "prompts_sha256": prompts_hash(prompts),
+        **counter.summary(len(prompts)),
     }
     return summary, scores, table
 

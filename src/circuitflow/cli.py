@@ -34,6 +34,7 @@ def main(run: Callable[[], None]) -> None:
     )
     try:
         run()
+        _log_peak_memory()
     except (ConfigError, InputError, FileNotFoundError, ValueError) as err:
         _fail(f"error: {err}", EXIT_BAD_INPUT)
     except (OSError, RuntimeError) as err:  # h5py reports a failed write as RuntimeError
@@ -66,3 +67,12 @@ def disk_full(err: BaseException) -> bool:
 def _fail(message: str, status: int) -> None:
     print(" ".join(message.split()), file=sys.stderr)  # one line, whatever the message holds
     sys.exit(status)
+
+
+def _log_peak_memory() -> None:
+    """The job's exact peak resident set (Snakemake's benchmark files sample it, every 30 s after
+    the first 15, and can miss a short peak): tests/test_memory_accuracy.py reads it."""
+    from circuitflow.memory import MiB, resident_peak_bytes
+
+    peak = resident_peak_bytes() / MiB
+    logging.getLogger("circuitflow").info("peak resident memory: %.1f MiB", peak)

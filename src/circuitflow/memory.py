@@ -77,6 +77,16 @@ def peak_memory_bytes(device: str) -> int:
     """Peak memory of this run: CUDA's max allocated, else the process's max resident set."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated())
+    return resident_peak_bytes()
+
+
+def resident_peak_bytes() -> int:
+    """This process's peak resident set: VmHWM, which starts afresh at exec. Not ru_maxrss:
+    Linux carries the parent's high-water mark across fork and exec into it, so a job started
+    by a 1 GB process (pytest, Snakemake) would report at least 1 GB."""
+    hwm = _proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
@@ -645,6 +655,151 @@ def presets_markdown(rows: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+# --- whole jobs: the host memory a job's process peaks at (Slurm's mem_mb) ------------------------
+# Before any work a job's process holds the interpreter and the libraries its script imports.
+# Every stage script imports circuitflow.config (torch, numpy, yaml): `base`; the report and
+# provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
+# TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
+# set after importing RUNTIME_MODULES in a fresh interpreter (`python -m circuitflow.memory
+# runtime` re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
+# wheel, Linux x86-64, MiB. A job's plan is this plus its work; the work estimates above leave
+# it out because it is resident before they start.
+RUNTIME_MODULES = {
+    "base": ("circuitflow.config",),
+    "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    "model": ("circuitflow.config", "transformer_lens", "sae_lens", "h5py", "pandas",
+              "matplotlib.pyplot", "pyarrow.parquet"),
+    # report_gpu_hours: the report's modules and TransformerLens (the architectures' configs)
+    "architectures": ("circuitflow.config", "circuitflow.report.stage", "transformer_lens"),
+}  # fmt: skip
+RUNTIME_MB = {"base": 220, "report": 320, "model": 535, "architectures": 472}
+# A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
+# lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
+# PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
+CUDA_HOST_MB = 2048
+# attribution's feature contexts encode the activation file this many rows at a time.
+CONTEXT_CHUNK_ROWS = 16384
+# Loading a real model converts the checkpoint on the host: three fp32 copies at the peak.
+LOAD_COPIES = 3
+# What each rule's process imports; a rule not listed runs the `report` set. The embedded model's
+# prompts (`report`) and capture token set (`base`) need no tokenizer; a real model's load one.
+RUNTIME_KIND = {
+    "provenance": "base", "provenance_run": "base", "merge_capture": "base",
+    "report_gpu_hours": "architectures", "prompts": "model",
+    "train_model": "model", "prefetch_model": "model", "baseline": "model",
+    "capture_tokens": "model", "capture": "model", "capture_shard": "model",
+    "train_sae": "model", "attribution": "model", "interventions": "model",
+}  # fmt: skip
+MODEL_RULES = frozenset(
+    {"train_model", "prefetch_model", "baseline", "capture", "capture_shard", "train_sae",
+     "attribution", "interventions"}
+)  # fmt: skip
+
+
+def runtime_bytes(kind: str = "model", device: str = "cpu") -> int:
+    """Resident bytes of a job's process before its work: the interpreter and libraries of
+    `kind` (RUNTIME_MB), plus the CUDA runtime's host share on a GPU."""
+    cuda = CUDA_HOST_MB if device.startswith("cuda") else 0
+    return (RUNTIME_MB[kind] + cuda) * MiB
+
+
+def measure_runtime_bytes(kind: str) -> int:
+    """The resident set of a fresh interpreter after importing RUNTIME_MODULES[kind]."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib\n"
+        f"for m in {RUNTIME_MODULES[kind]!r}: importlib.import_module(m)\n"
+        # VmHWM read here: importing this module would add its own imports to the measure.
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    return int(done.stdout.split()[-1]) * 1024  # kB
+
+
+def _job_work_bytes(config: dict, rule: str, device: str) -> int:
+    """Host bytes of a job's work at the batch sizes its config sets (see job_peak_bytes)."""
+    from circuitflow.capture.files import chunk_rows_for
+    from circuitflow.model import architectures
+
+    if rule not in MODEL_RULES and rule != "capture_tokens":
+        return 0
+    cfg = architectures.model_cfg(config)
+    n_params = architectures.model_shape(config).n_params
+    cuda = device.startswith("cuda")
+    # On CPU everything is host memory; on a GPU the host keeps what Estimate.host counts.
+    c = 4 if not cuda else 2  # model.dtype auto: fp32 on CPU, 16-bit on a GPU
+
+    def at(est: Estimate, batch: int) -> int:
+        return est.host(batch) if cuda else est.total(batch)
+
+    real = config["model"]["name"] != "embedded"
+    load = LOAD_COPIES * 4 * n_params if real else 0
+    capture = config.get("capture", {})
+    n_ctx = getattr(cfg, "n_ctx", 128)
+    t = capture.get("context_length") or (min(n_ctx, 128) if real else n_ctx)
+    n_rows = int(capture.get("n_tokens", 262_144))
+    if rule == "capture_tokens":  # the token set, packed and hashed (two int64 copies)
+        return 2 * 8 * n_rows
+    layers = len(config.get("layers") or []) or cfg.n_layers
+    n_hooks = layers * len(config.get("sites") or ["resid_post"])
+    dtype = torch.float32 if c == 4 else torch.bfloat16
+    if rule in ("capture", "capture_shard"):
+        est = estimate_forward(
+            cfg, n_params, t, cfg.n_layers, n_hooks, dtype, capture.get("dtype", "float16"),
+            device, buffers=n_hooks * 8 * (1 << 20),
+        )  # fmt: skip
+        contexts = -(-n_rows // (t - 1))
+        batch = min(capture.get("batch_size") or capture.get("max_batch_size", 256), contexts)
+        return max(load, at(est, batch))
+    if rule == "train_sae":
+        sae = config.get("sae", {})
+        d_sae = sae.get("d_sae") or sae.get("expansion_factor", 8) * cfg.d_model
+        chunk = chunk_rows_for(cfg.d_model, 2, n_rows)
+        est = estimate_sae_training(
+            cfg.d_model, d_sae, sae.get("architecture", "topk"), device, n_rows,
+            sae.get("shuffle_buffer_tokens", 262_144), chunk, capture.get("dtype", "float16"),
+            resident=n_params * c,
+        )  # fmt: skip
+        batch = sae.get("batch_size", 4096)
+        batch = (
+            min(SAE_AUTO_MAX_BATCH, sae.get("total_tokens", 10**6)) if batch == "auto" else batch
+        )
+        return max(load, at(est, int(batch)))
+    if rule == "attribution":
+        attr = config.get("attribution", {})
+        d_sae = config.get("sae", {}).get("expansion_factor", 8) * cfg.d_model
+        est = estimate_attribution(
+            cfg, n_params, PRESET_PROMPT_LENGTH if real else n_ctx, n_hooks, d_sae, dtype,
+            device, attr.get("method", "ig"),
+        )  # fmt: skip
+        work = at(est, int(attr.get("batch_size", 64)))
+        if not cuda:  # feature contexts: chunks of activation rows encoded (3 d_sae-wide tensors)
+            work = max(work, est.weights + CONTEXT_CHUNK_ROWS * d_sae * 4 * 3)
+        return max(load, work)
+    if rule == "interventions":  # batch_size x runs_per_pass sequences a pass, logits included
+        iv = config.get("interventions", {})
+        batch = int(iv.get("batch_size", 64)) * int(iv.get("runs_per_pass", 16))
+        plen = PRESET_PROMPT_LENGTH if real else n_ctx
+        est = estimate_forward(cfg, n_params, plen, None, 0, torch.float32, "float32", device)
+        return max(load, at(est, batch))
+    return max(load, n_params * c)  # the model's weights (train_model, baseline)
+
+
+def job_peak_bytes(config: dict, rule: str, device: str = "cpu") -> int:
+    """A job's planned peak resident memory on the host (what resources.mem_mb asks Slurm for):
+    its process's runtime (runtime_bytes) plus its work (the stage's estimate at the config's
+    batch sizes, the host's share on a GPU; the real model's load copies where larger).
+    tests/test_memory_accuracy.py checks every default-DAG job against its measured max_rss."""
+    kind = RUNTIME_KIND.get(rule, "report")
+    if config["model"]["name"] == "embedded" and rule in ("prompts", "capture_tokens"):
+        kind = "report" if rule == "prompts" else "base"
+    return runtime_bytes(kind, device) + _job_work_bytes(config, rule, device)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -652,10 +807,17 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m circuitflow.memory",
         description="The memory planner's batch sizes per GPU type (presets).",
     )
-    p.add_argument("command", choices=["presets"])
+    p.add_argument("command", choices=["presets", "runtime"])
     p.add_argument("--fraction", type=float, default=0.8, help="share of GPU memory to plan for")
     p.add_argument("--method", default="ig", choices=["ig", "atp"], help="attribution method")
     args = p.parse_args(argv)
+    if args.command == "runtime":
+        for kind in RUNTIME_MODULES:
+            print(
+                f"{kind}: {measure_runtime_bytes(kind) / MiB:.0f} MiB "
+                f"(RUNTIME_MB: {RUNTIME_MB[kind]})"
+            )
+        return
     print(presets_markdown(gpu_presets(fraction=args.fraction, attribution_method=args.method)))
 
 

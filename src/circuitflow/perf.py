@@ -153,11 +153,14 @@ class PassCounter:
     def total(self) -> float:
         return sum(self.parts.values())
 
-    def summary(self, n_items: int) -> dict:
-        """`forward_equivalents_per_prompt` and its breakdown by part, per item."""
+    def summary(self, n_items: int, unit: str = "prompt") -> dict:
+        """`forward_equivalents_per_prompt` and its breakdown by part, per item; every stage
+        uses these keys, `forward_equivalents_unit` names the item (a prompt; capture's
+        context; train_sae's evaluation context)."""
         n = max(n_items, 1)
         return {
             "forward_equivalents_per_prompt": self.total() / n,
             "forward_equivalents_by_part": {k: v / n for k, v in self.parts.items()},
             "forward_equivalents_total": self.total(),
+            "forward_equivalents_unit": unit,
         }

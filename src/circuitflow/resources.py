@@ -1,20 +1,19 @@
 """Per-rule job resources (GPUs, CPUs, host memory, walltime) planned from the config.
 
 Rules call these through the helpers at the end of workflow/rules/common.smk; a Slurm profile
-(profiles/csd3) turns them into sbatch options. Estimates are deliberately simple: a base per
-rule, plus the model's weights where a job holds the model, plus the SAE's buffers and optimiser
-state for train_sae. Memory and walltime grow linearly with Snakemake's `attempt` (1, 2, ...),
-so a job killed for memory or walltime gets more on its retry, and walltime is capped at the
-cluster's limit. The model's shape comes from `model.architectures` (the embedded model's
-config, a local directory's config.json, the known real architectures), else from
-`model.n_layers` with a GPT-2-medium-like width. Wrong by a factor of two is fine; wrong by ten
-is a bug: override a rule with `--set-resources RULE:mem_mb=...` meanwhile.
+(profiles/csd3) turns them into sbatch options. Host memory is the memory planner's peak of
+the job (memory.job_peak_bytes: the libraries the job imports plus its work); walltimes are
+deliberately simple estimates. Memory and walltime grow linearly with Snakemake's `attempt`
+(1, 2, ...), so a job killed for memory or walltime gets more on its retry, and walltime is
+capped at the cluster's limit. The model's shape comes from `model.architectures` (the
+embedded model's config, a local directory's config.json, the known real architectures), else
+from `model.n_layers` with a GPT-2-medium-like width. Walltimes wrong by a factor of two are
+fine; wrong by ten is a bug: override a rule with `--set-resources RULE:mem_mb=...` meanwhile.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+import math
 
 from circuitflow.model import architectures
 
@@ -51,57 +50,15 @@ LIGHT_RULES = frozenset(
     }
 )
 LIGHT_RUNTIME = 15
-# Host memory every Python job needs for torch, TransformerLens and SAELens imports (MB).
-BASE_MEM_MB = 2000
+# Slurm's memory limit over the job's plan (memory.job_peak_bytes, within 25% of measured
+# peaks): a plan that fell 25% short still fits.
+MEM_HEADROOM = 1.25
 # CSD3 ampere: at most 32 CPUs per GPU (a node has 4 A100s and 128 cores).
 MAX_CPUS_PER_GPU = 32
 MB = 2**20
 # Walltimes scale with n_params / GPT2_PARAMS (GPT-2 small's nominal size; as loaded, with its
 # unembedding untied, it counts 163M, so its jobs get 1.3x the base).
 GPT2_PARAMS = 124_000_000
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    n_layers: int
-    d_model: int
-    d_mlp: int
-    vocab: int
-    n_params: int
-
-
-def _shape(cfg) -> ModelShape:
-    return ModelShape(
-        cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.d_vocab, architectures.n_params(cfg)
-    )
-
-
-def model_shape(config: dict) -> ModelShape:
-    """The model's shape without loading it (see the module docstring for the sources)."""
-    from types import SimpleNamespace
-
-    model = config["model"]
-    if model["name"] == "embedded":
-        arch = config["embedded"]["architecture"]
-        lang = config["embedded"]["language"]
-        # Random tokens, subjects, attributes and a few specials: a tiny vocabulary.
-        vocab = lang["n_random_tokens"] + lang["n_subjects"] + lang["n_attributes"] + 16
-        cfg = SimpleNamespace(
-            **{k: arch[k] for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx")},
-            d_vocab=vocab,
-            gated_mlp=False,
-            normalization_type="LN",
-            positional_embedding_type="shortformer",
-        )
-        return _shape(cfg)
-    if (Path(model["name"]) / "config.json").is_file():
-        return _shape(architectures.from_hf_config(architectures.read_hf_config(model["name"])))
-    key = architectures.architecture_key(model["name"])
-    if key:
-        return _shape(architectures.config(key))
-    n_layers = model.get("n_layers") or max(config.get("layers") or [23]) + 1
-    hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
-    return _shape(architectures.from_hf_config(hf))
 
 
 def gpus(config: dict, rule: str) -> int:
@@ -123,33 +80,14 @@ def threads(config: dict, rule: str) -> int:
     return min(n, MAX_CPUS_PER_GPU * max(1, gpus(config, rule)))
 
 
-def _weights_mb(config: dict) -> int:
-    # Loading converts from the checkpoint on the host: budget three fp32 copies at peak.
-    return int(3 * 4 * model_shape(config).n_params / MB)
-
-
-def _sae_mb(config: dict) -> int:
-    sae = config.get("sae", {})
-    d_in = model_shape(config).d_model
-    d_sae = sae.get("d_sae") or sae.get("expansion_factor", 8) * d_in
-    buffer = sae.get("shuffle_buffer_tokens", 262144) * d_in * 4
-    # Encoder + decoder weights, their gradients and two Adam moments: 4 copies.
-    params = 4 * 2 * d_in * d_sae * 4
-    return int((buffer + params) / MB)
-
-
 def mem_mb(config: dict, rule: str, attempt: int = 1) -> int:
-    """Host memory (MB) for one job on its `attempt`-th try."""
-    if rule in LIGHT_RULES or rule in ("provenance", "prompts", "train_model", "merge_capture"):
-        base = BASE_MEM_MB if rule != "provenance" else 1000
-    elif rule == "capture_tokens":
-        base = BASE_MEM_MB + 2000  # tokenising the corpus
-    elif rule == "train_sae":
-        # The model is loaded too, for the spliced cross-entropy metric.
-        base = BASE_MEM_MB + _weights_mb(config) + _sae_mb(config)
-    else:  # baseline, capture, attribution: the model plus activation buffers
-        base = BASE_MEM_MB + _weights_mb(config) + 2000
-    return int(base * attempt)
+    """Host memory (MB) for one job on its `attempt`-th try: the memory planner's peak of the
+    job (memory.job_peak_bytes: the process's libraries plus its work, on a GPU where the rule
+    gets one) with MEM_HEADROOM, times the attempt."""
+    from circuitflow import memory
+
+    device = "cuda" if gpus(config, rule) else "cpu"
+    return math.ceil(memory.job_peak_bytes(config, rule, device) * MEM_HEADROOM / MB) * attempt
 
 
 def runtime(config: dict, rule: str, attempt: int = 1, cap: int | None = None) -> int:
@@ -157,7 +95,7 @@ def runtime(config: dict, rule: str, attempt: int = 1, cap: int | None = None) -
     if rule in LIGHT_RULES:
         return min(LIGHT_RUNTIME * attempt, cap) if cap else LIGHT_RUNTIME * attempt
     minutes = BASE_RUNTIME.get(rule, DEFAULT_RUNTIME)
-    size = max(1.0, model_shape(config).n_params / GPT2_PARAMS)
+    size = max(1.0, architectures.model_shape(config).n_params / GPT2_PARAMS)
     if rule in GPU_RULES or rule == "capture_tokens":
         minutes *= size
     if rule == "train_sae":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -221,3 +223,31 @@ def test_full_disk_is_refused_before_any_row_is_written(model, tokens, tmp_path,
         cap.capture(model, tokens, META, target, opts, progress=False)
     assert info.value.errno == errno.ENOSPC
     assert not (tmp_path / "full.h5").exists()
+
+
+def test_forward_passes_counted_per_context(model, tokens, tmp_path):
+    """Layers 0 and 1 of 3: each context's pass stops after 2 blocks, 2/3 of a forward; the
+    count goes into every file's attrs and survives a shard merge."""
+    targets, result = run(model, tokens, tmp_path, layers=(0, 1), sites=("resid_post",))
+    assert result.cost["forward_equivalents_per_prompt"] == pytest.approx(2 / 3)
+    assert result.cost["forward_equivalents_total"] == pytest.approx(37 * 2 / 3)
+    assert result.cost["forward_equivalents_unit"] == "context"
+    with open_activations(targets[("resid_post", 1)]) as f:
+        assert f.attrs["forward_equivalents_per_prompt"] == pytest.approx(2 / 3)
+        assert json.loads(f.attrs["forward_equivalents_by_part"]) == {
+            "capture": pytest.approx(2 / 3)
+        }
+    opts = CaptureOptions(dtype="float32", batch_size=4, checkpoint_tokens=30)
+    unit = cap.unit_contexts(opts, 12)
+    shards = []
+    for i in range(2):
+        path = tmp_path / f"shard{i}.h5"
+        span = cap.shard_range(len(tokens), unit, i, 2)
+        cap.capture(model, tokens, META, {("attn_out", 2): path}, opts, span, (i, 2),
+                    progress=False)  # fmt: skip
+        shards.append(path)
+    merge_shards(shards, tmp_path / "merged.h5")
+    with open_activations(tmp_path / "merged.h5") as m:
+        assert m.attrs["forward_equivalents_per_prompt"] == pytest.approx(1.0)
+        assert m.attrs["forward_equivalents_total"] == pytest.approx(37.0)
+        assert json.loads(m.attrs["forward_equivalents_by_part"]) == {"capture": pytest.approx(1.0)}

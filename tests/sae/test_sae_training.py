@@ -83,6 +83,17 @@ def test_topk_quality_on_tiny_model(trained):
     assert metrics["ce_loss_recovered"] > 0.9
 
 
+def test_evaluation_passes_counted_per_context(trained):
+    """Three model passes per evaluation context (clean, SAE spliced, zero-ablated); training
+    steps are SAE work, counted as tokens_trained, not model passes."""
+    *_, metrics = trained
+    assert metrics["forward_equivalents_per_prompt"] == pytest.approx(3.0)
+    parts = metrics["forward_equivalents_by_part"]
+    assert parts == {"ce_clean": 1.0, "ce_sae": 1.0, "ce_zero": 1.0}
+    assert metrics["forward_equivalents_total"] == 3 * 32
+    assert metrics["forward_equivalents_unit"] == "evaluation context"
+
+
 def test_ce_comes_from_real_splicing(trained):
     model, acts, out, metrics = trained
     info = read_activation_info(acts)

@@ -21,6 +21,7 @@ Every stage that reads an activation file goes through `open_activations` (or
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -230,6 +231,26 @@ def read_activation_info(path: str | Path) -> ActivationFileInfo:
 
 
 # --- writing whole files --------------------------------------------------------------------------
+def merged_cost(files: list[h5py.File], attrs) -> dict:
+    """The shards' forward-pass equivalents (capture's cost attrs) summed, per merged context."""
+    total = sum(float(f.attrs["forward_equivalents_total"]) for f in files)
+    parts: dict[str, float] = {}
+    for f in files:
+        per, shard_total = (
+            float(f.attrs[k])
+            for k in ("forward_equivalents_per_prompt", "forward_equivalents_total")
+        )
+        for k, v in json.loads(str(f.attrs["forward_equivalents_by_part"])).items():
+            parts[k] = parts.get(k, 0.0) + (v / per * shard_total if per else 0.0)
+    n = max(1, int(attrs["context_stop"]) - int(attrs["context_start"]))
+    return {
+        "forward_equivalents_per_prompt": total / n,
+        "forward_equivalents_by_part": json.dumps({k: v / n for k, v in parts.items()}),
+        "forward_equivalents_total": total,
+        "forward_equivalents_unit": "context",
+    }
+
+
 def merge_shards(shard_paths: list[Path | str], out: Path | str) -> None:
     """Concatenate complete shard files (in order) into one output, chunk by chunk."""
     files = [open_activations(p) for p in shard_paths]
@@ -268,6 +289,8 @@ def merge_shards(shard_paths: list[Path | str], out: Path | str) -> None:
                 g.attrs["context_stop"] = int(files[-1].attrs["context_stop"])
                 g.attrs["shard"] = 0
                 g.attrs["n_shards"] = 1
+                if all("forward_equivalents_total" in f.attrs for f in files):
+                    g.attrs.update(merged_cost(files, g.attrs))
                 g.attrs["complete"] = True
     finally:
         for f in files:

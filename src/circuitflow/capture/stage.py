@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 
 from circuitflow import memory
 from circuitflow.capture.files import CHUNK_BYTES, PartialFile
+from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 
 log = logging.getLogger(__name__)
@@ -175,11 +176,13 @@ def capture_units(
     done: int,
     backoff: memory.OOMBackoff,
     progress: bool,
+    counter: PassCounter | None = None,
 ) -> int:
     """Capture contexts `done` .. the plan's end, one checkpoint unit at a time: run the model on
     each batch (hooks registered once), write its rows into every file, and after each unit write
     its tokens and flush progress. SIGTERM stops after the current batch and raises Interrupted
-    once the last completed unit is on disk. Returns the contexts done (all of them)."""
+    once the last completed unit is on disk. Returns the contexts done (all of them). `counter`
+    counts each batch's forward pass, through stop_at of n_layers blocks, as that fraction."""
     from tqdm import tqdm
 
     device = str(next(model.parameters()).device)
@@ -203,6 +206,8 @@ def capture_units(
         batch = torch.from_numpy(np.asarray(tokens[a:b], dtype=np.int64)).to(device)
         with torch.inference_mode():
             model(batch, stop_at_layer=p.stop_at)
+        if counter is not None:
+            counter.forward(b - a, p.stop_at / model.cfg.n_layers)
         r0, r1 = (a - p.start) * p.per_context, (b - p.start) * p.per_context
         for name, f in by_hook.items():
             f.file["acts"][r0:r1] = captured[name].reshape(-1, d_model)
@@ -262,6 +267,12 @@ def file_attrs(
     }
 
 
+def cost_attrs(cost: dict) -> dict:
+    """perf.PassCounter.summary as HDF5 attrs (the breakdown by part as a JSON string)."""
+    by_part = json.dumps(cost["forward_equivalents_by_part"], sort_keys=True)
+    return cost | {"forward_equivalents_by_part": by_part}
+
+
 # --- summarise ------------------------------------------------------------------------------------
 @dataclass
 class CaptureResult:
@@ -275,6 +286,7 @@ class CaptureResult:
     peak_memory_mb: float
     estimate_mb: float
     planned_peak_mb: float = 0.0  # the memory plan's estimate at the largest batch run
+    cost: dict = field(default_factory=dict)  # perf.PassCounter.summary per context captured
 
 
 def summarise(
@@ -286,6 +298,7 @@ def summarise(
     seconds: float,
     batch_size: int,
     device: str,
+    cost: dict | None = None,
 ) -> CaptureResult:
     new_tokens = (p.n_contexts - resumed_from) * p.per_context
     result = CaptureResult(
@@ -299,6 +312,7 @@ def summarise(
         peak_memory_mb=memory.peak_memory_bytes(device) / memory.MiB,
         estimate_mb=(p.batch.estimate_bytes + max(0, p.resident - p.estimate.weights)) / memory.MiB,
         planned_peak_mb=p.estimate.total(min(batch_size, p.unit, p.n_contexts)) / memory.MiB,
+        cost=cost or {},
     )
     log.info(
         "captured %d tokens x %d hooks in %.1f s: %.0f tokens/s, %.1f MB/s written, "
@@ -341,20 +355,29 @@ def capture(
     if done:
         log.info("resuming at context %d of %d (batch size %d)", done, p.n_contexts, batch_size)
     backoff = memory.OOMBackoff(batch_size, device, inject=inject_oom, stage="capture")
+    counter = PassCounter()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     try:
-        capture_units(model, tokens, p, files, opts.dtype, done, backoff, progress)
+        with counter.part("capture"):
+            capture_units(model, tokens, p, files, opts.dtype, done, backoff, progress, counter)
         seconds = time.perf_counter() - t0
-        attrs = file_attrs(p, token_meta, opts, d_model, shard)
+        # This job's passes per context it captured (a resumed job: this session's).
+        cost = counter.summary(p.n_contexts - resumed_from, unit="context")
+        # The file holds every context, whichever session captured it: its total is the counted
+        # rate times its contexts, so a resumed file's attrs equal an uninterrupted one's.
+        whole = cost | {
+            "forward_equivalents_total": cost["forward_equivalents_per_prompt"] * p.n_contexts
+        }
+        attrs = file_attrs(p, token_meta, opts, d_model, shard) | cost_attrs(whole)
         for f in files:
             f.finish(attrs | {"site": f.site, "layer": f.layer, "hook_name": f.hook})
     finally:
         for f in files:
             f.close()
     return summarise(
-        p, len(files), d_model, opts.dtype, resumed_from, seconds, backoff.batch_size, device
+        p, len(files), d_model, opts.dtype, resumed_from, seconds, backoff.batch_size, device, cost
     )
 
 

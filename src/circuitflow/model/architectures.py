@@ -12,6 +12,7 @@ embedding is untied there too).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -173,3 +174,50 @@ def from_hf_config(hf: dict):
         positional_embedding_type="rotary" if gated else "standard",
         act_fn="silu" if gated else "gelu_new",
     )
+
+
+# --- a pipeline config's model shape, without loading the model (resources, memory) ---------
+@dataclass(frozen=True)
+class ModelShape:
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    vocab: int
+    n_params: int
+
+
+def _shape(cfg) -> ModelShape:
+    return ModelShape(cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.d_vocab, n_params(cfg))
+
+
+def model_shape(pipeline_config: dict) -> ModelShape:
+    """The shape of the model a pipeline config names, without loading it (see model_cfg)."""
+    return _shape(model_cfg(pipeline_config))
+
+
+def model_cfg(pipeline_config: dict):
+    """The TransformerLens-like config of the model a pipeline config names, without loading it:
+    the embedded model's architecture, a local directory's config.json, a known real
+    architecture, else `model.n_layers` with a GPT-2-medium-like width."""
+    model = pipeline_config["model"]
+    if model["name"] == "embedded":
+        arch = pipeline_config["embedded"]["architecture"]
+        lang = pipeline_config["embedded"]["language"]
+        # Random tokens, subjects, attributes and a few specials: a tiny vocabulary.
+        vocab = lang["n_random_tokens"] + lang["n_subjects"] + lang["n_attributes"] + 16
+        cfg = SimpleNamespace(
+            **{k: arch[k] for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx")},
+            d_vocab=vocab,
+            gated_mlp=False,
+            normalization_type="LN",
+            positional_embedding_type="shortformer",
+        )
+        return cfg
+    if (Path(model["name"]) / "config.json").is_file():
+        return from_hf_config(read_hf_config(model["name"]))
+    key = architecture_key(model["name"])
+    if key:
+        return config(key)
+    n_layers = model.get("n_layers") or max(pipeline_config.get("layers") or [23]) + 1
+    hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
+    return from_hf_config(hf)

@@ -5,7 +5,10 @@ A benchmark TSV has one row per repeat with columns `s`, `h:m:s`, `max_rss`, `ma
 the file's first path component under `benchmarks/`; the rest names the job (`{behaviour}`,
 `{site}_layer_{layer}`, `shard_{n}`). GPU-hours are wall time x GPUs for jobs that ran on a GPU
 (the rules in `resources.GPU_RULES` when the run's environment saw CUDA); the GPU's peak memory
-comes from the SAE metrics, the stage that records it.
+comes from the SAE metrics, the stage that records it. The GPU stages' counted cost
+(`forward_equivalents_per_prompt`, per the unit in `forward_equivalents_unit`) comes from their
+summaries: baseline and attribution and interventions per prompt, capture per context (its HDF5
+attrs), train_sae per evaluation context (its metrics.json).
 """
 
 from __future__ import annotations
@@ -23,8 +26,15 @@ NUMERIC = ["s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "
 COLUMNS = [
     "rule", "job", "site", "layer", "behaviour", "wall_s", "wall_hms", "max_rss_mb",
     "max_uss_mb", "cpu_time_s", "mean_load", "io_in_mb", "io_out_mb", "gpus", "gpu_hours",
-    "gpu_peak_memory_mb",
+    "gpu_peak_memory_mb", "forward_equivalents_per_prompt", "forward_equivalents_unit",
 ]  # fmt: skip
+# Where each GPU stage records its counted cost (perf.PassCounter.summary), by job name.
+COST_FILES = {
+    "baseline": "baseline/{job}.json",
+    "train_sae": "saes/{site}/layer_{layer}/metrics.json",
+    "attribution": "attribution/{job}/summary.json",
+    "interventions": "interventions/{job}/summary.json",
+}
 
 
 def _hms(seconds: float) -> str:
@@ -39,6 +49,27 @@ def read_benchmark(path: Path | str) -> dict:
         raise ValueError(f"benchmark file {path} has no rows")
     row = frame.iloc[-1]
     return {c: pd.to_numeric(row.get(c), errors="coerce") for c in NUMERIC}
+
+
+def stage_cost(root: Path, rule: str, job: str, site: str | None, layer: int | None) -> dict:
+    """A job's `forward_equivalents_per_prompt` and its unit from its stage's summary ({} when
+    the rule counts none, or its summary has no count)."""
+    keys = ("forward_equivalents_per_prompt", "forward_equivalents_unit")
+    if rule in ("capture", "capture_shard"):  # every file of the capture carries its cost
+        import h5py
+
+        for path in sorted(root.glob("activations/*/layer_*.h5")):
+            with h5py.File(path, "r") as f:
+                return {k: f.attrs[k].item() if k != keys[1] else str(f.attrs[k])
+                        for k in keys if k in f.attrs}  # fmt: skip
+        return {}
+    if rule not in COST_FILES:
+        return {}
+    path = root / COST_FILES[rule].format(job=job, site=site, layer=layer)
+    if not path.is_file():
+        return {}
+    summary = json.loads(path.read_text())
+    return {k: summary[k] for k in keys if k in summary}
 
 
 def job_costs(
@@ -64,12 +95,13 @@ def job_costs(
         site = next((s for s in config.get("sites", []) if job.startswith(f"{s}_")), None)
         behaviour = job if job in behaviours else None
         gpus = resources.gpus(config, rule) if gpu_seen else 0
+        layer = int(layer.group(1)) if layer else None
         rows.append(
             {
                 "rule": rule,
                 "job": job,
                 "site": site,
-                "layer": int(layer.group(1)) if layer else None,
+                "layer": layer,
                 "behaviour": behaviour,
                 "wall_s": numbers["s"],
                 "wall_hms": _hms(numbers["s"]),
@@ -82,6 +114,7 @@ def job_costs(
                 "gpus": gpus,
                 "gpu_hours": numbers["s"] * gpus / 3600,
                 "gpu_peak_memory_mb": sae_gpu_mem.get(job) if rule == "train_sae" else None,
+                **stage_cost(root, rule, job, site, layer),
             }
         )
     frame = pd.DataFrame(rows, columns=COLUMNS)
@@ -92,7 +125,9 @@ def per_rule(costs: pd.DataFrame) -> pd.DataFrame:
     """Totals per rule: jobs, wall time (sum, max), peak memory, CPU time, GPU-hours."""
     if costs.empty:
         return pd.DataFrame(columns=["rule", "jobs", "wall_s_total", "wall_s_max",
-                                     "max_rss_mb", "cpu_time_s", "gpu_hours"])  # fmt: skip
+                                     "max_rss_mb", "cpu_time_s", "gpu_hours",
+                                     "forward_equivalents_per_prompt",
+                                     "forward_equivalents_unit"])  # fmt: skip
     grouped = costs.groupby("rule", sort=False)
     out = pd.DataFrame(
         {
@@ -102,6 +137,9 @@ def per_rule(costs: pd.DataFrame) -> pd.DataFrame:
             "max_rss_mb": grouped["max_rss_mb"].max(),
             "cpu_time_s": grouped["cpu_time_s"].sum(),
             "gpu_hours": grouped["gpu_hours"].sum(),
+            # Mean over the rule's jobs, per the rule's unit (prompt, context).
+            "forward_equivalents_per_prompt": grouped["forward_equivalents_per_prompt"].mean(),
+            "forward_equivalents_unit": grouped["forward_equivalents_unit"].first(),
         }
     ).reset_index()
     total = {

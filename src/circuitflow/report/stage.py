@@ -108,7 +108,11 @@ def job_costs(config: dict, outdir, environment, out_csv, out_html, out_figure) 
         f"From Snakemake's benchmark files (benchmarks/**.tsv) on {env.get('hostname')}, "
         f"{where}. wall_s: wall time; max_rss_mb: peak resident memory of the job's processes; "
         "gpu_hours: wall time x GPUs of jobs that ran on a GPU; gpu_peak_memory_mb: peak GPU "
-        "memory the SAE trainer recorded. The report's own jobs are not included."
+        "memory the SAE trainer recorded; forward_equivalents_per_prompt: forward passes of "
+        "the model the job counted where they ran (a backward counts two, a pass through some "
+        "of the layers that share), per forward_equivalents_unit (a prompt; a context for "
+        "capture; an evaluation context for train_sae, whose training steps are not model "
+        "passes). The report's own jobs are not included."
     )
     sections = [
         ("Per rule", rt.table_html(costs.per_rule(frame))),

@@ -10,6 +10,7 @@ from transformer_lens import HookedTransformer
 
 from circuitflow.devices import precise_math
 from circuitflow.metrics import next_token_losses
+from circuitflow.perf import PassCounter
 
 
 def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
@@ -34,6 +35,7 @@ def evaluate_sae(
     exclude_bos: bool,
     bos_token_id: int,
     batch_size: int = 16,
+    counter: PassCounter | None = None,
 ) -> dict[str, float | None]:
     """Return l0, explained_variance, ce_clean, ce_sae, ce_zero and ce_loss_recovered, in
     float32 (losses from float32 logits, sums in float64) whatever the model's dtype.
@@ -41,8 +43,10 @@ def evaluate_sae(
     The SAE is spliced in with ``HookedSAETransformer.add_sae`` at ``sae.cfg.metadata.hook_name``.
     When the training data excluded BOS, the SAE is bypassed at BOS (as SAELens's
     ``exclude_special_tokens`` does) and the zero-ablation leaves BOS alone too, so all three
-    losses differ only where the SAE was trained.
+    losses differ only where the SAE was trained. `counter` counts the model's three forward
+    passes per batch (parts `ce_clean`, `ce_sae`, `ce_zero`).
     """
+    counter = counter if counter is not None else PassCounter()
     hook_name = sae.cfg.metadata.hook_name
     if not hook_name:
         raise ValueError("SAE has no metadata.hook_name; add_sae would silently skip it")
@@ -65,7 +69,9 @@ def evaluate_sae(
                 (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
             )
 
-            logits, cache = hooked.run_with_cache(toks, names_filter=hook_name)
+            with counter.part("ce_clean"):
+                logits, cache = hooked.run_with_cache(toks, names_filter=hook_name)
+                counter.forward(len(toks))
             x = cache[hook_name][keep].float()
             feats = sae.encode(x.to(sae.dtype))
             recon = sae.decode(feats).float()
@@ -77,7 +83,9 @@ def evaluate_sae(
 
             hooked.add_sae(sae, use_error_term=False, exclude_special_tokens=exclude)
             try:
-                logits_sae = hooked(toks, return_type="logits")
+                with counter.part("ce_sae"):
+                    logits_sae = hooked(toks, return_type="logits")
+                    counter.forward(len(toks))
             finally:
                 hooked.reset_saes()
 
@@ -86,7 +94,9 @@ def evaluate_sae(
             ) -> torch.Tensor:
                 return act * (~keep).unsqueeze(-1).to(act.dtype)
 
-            logits_zero = hooked.run_with_hooks(toks, fwd_hooks=[(hook_name, zero_hook)])
+            with counter.part("ce_zero"):
+                logits_zero = hooked.run_with_hooks(toks, fwd_hooks=[(hook_name, zero_hook)])
+                counter.forward(len(toks))
             for key, out in (
                 ("ce_clean", logits),
                 ("ce_sae", logits_sae),

@@ -26,6 +26,7 @@ from circuitflow.capture.files import ActivationFileInfo, read_activation_info
 from circuitflow.devices import resolve_device
 from circuitflow.errors import CheckpointError
 from circuitflow.io import atomic_dir, write_json
+from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import (
@@ -210,8 +211,14 @@ def summarise(
     since_fired = tr.n_forward_passes_since_fired
     window = min(dead_window_steps(cfg), tr.n_training_steps)
     contexts = load_eval_contexts(info, cfg.eval_contexts)
+    counter = PassCounter()  # the evaluation's model passes (training steps are tokens_trained)
     quality = evaluate_sae(
-        model, saved_sae, contexts, exclude_bos=info.bos_excluded, bos_token_id=info.bos_token_id
+        model,
+        saved_sae,
+        contexts,
+        exclude_bos=info.bos_excluded,
+        bos_token_id=info.bos_token_id,
+        counter=counter,
     )
     history = run.controller.state.history if run.controller else []
     resident = param_bytes(model)
@@ -222,8 +229,12 @@ def summarise(
         "wall_time_s": run.clock.elapsed(),
         "tokens_per_s": (tr.n_training_samples - run.tokens_at_start) / run.session_s,
         "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
-        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch).
-        "planned_memory_mb": memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
+        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch); on
+        # CPU, where peak_memory_mb is the process's resident peak, with the libraries too.
+        "planned_memory_mb": (
+            memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
+            + (0 if device.startswith("cuda") else memory.runtime_bytes("model"))
+        )
         / memory.MiB,
         "architecture": cfg.architecture,
         "d_in": info.d_in,
@@ -238,6 +249,7 @@ def summarise(
             {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
         ],
         "config": cfg.to_dict(),
+        **counter.summary(len(contexts), unit="evaluation context"),
     }
 
 

@@ -1,0 +1,349 @@
+#!/usr/bin/env python
+"""Whole-DAG scale benchmark: every stage of the pipeline through Snakemake on a model of
+GPT-2 small's architecture (12 layers, d_model 768, 12 heads, vocabulary 50257) with random
+weights, built here as a local Hugging Face directory and loaded by the pipeline's own loading
+code, over a corpus generated here (IOI and capital sentences with names, places and countries
+drawn at random), with config/gpt2-small.yaml's two behaviours (ioi, capitals).
+
+    python benchmarks/scale.py --device cpu   # reduced counts, 2 SAE layers: < 20 min on 2 cores
+    python benchmarks/scale.py --device cuda  # config/gpt2-small.yaml's budgets (one GPU)
+
+Random weights make the science meaningless (accuracies, circuits, faithfulness): this measures
+cost only. Writes benchmarks/results/scale-<device>.json: `n_layers`, per stage (capture,
+train_sae, attribution, interventions) `wall_s` (Snakemake's benchmark files, summed over the
+rule's jobs), `peak_mb` (their largest max_rss), `forward_equivalents_per_prompt` (the stages'
+own counts, perf.PassCounter, per the stage's unit) and `a100_hours_full_config`, the A100-hours
+a full config/gpt2-small.yaml run would take at the rates measured here (see `projection` in
+the JSON for how).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("capture", "train_sae", "attribution", "interventions")
+# CPU mode: reduced token and prompt counts and two SAE layers (the first and the last, so
+# capture still runs all 12 blocks); every other setting is config/gpt2-small.yaml's.
+CPU_OVERRIDES = {
+    "layers": [0, 11],
+    "capture": {"n_tokens": 4096, "context_length": 32, "checkpoint_tokens": 4096},
+    "sae": {"total_tokens": 8192, "batch_size": 1024, "eval_contexts": 8,
+            "shuffle_buffer_tokens": 4096, "checkpoint_every_tokens": 8192,
+            "dead_window_tokens": 4096},
+    "behaviours": {"ioi": {"source": "ioi", "n_prompts": 8},
+                   "capitals": {"source": "factual_recall", "n_prompts": 8}},
+    "attribution": {"validation_prompts": 4, "validation_features": 8, "validation_heads": 8,
+                    "validation_edges": 4, "max_graph_nodes": 10, "context_max_tokens": 4096},
+    "interventions": {"n_seeds": 1, "n_random_circuits": 2, "n_random_sets": 2,
+                      "max_set_size": 2, "steering_alphas": [-4, 0, 4]},
+}  # fmt: skip
+
+
+def write_model(out: Path) -> None:
+    """GPT-2 small's architecture with random weights (seed 0) and the byte-level BPE tokenizer
+    of .test/tiny-gpt2 (trained there on the prompts' names, places and capitals; ids < 600 of
+    the 50257 the embedding holds)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    tokenizer = GPT2TokenizerFast.from_pretrained(REPO / ".test" / "tiny-gpt2")
+    eos = tokenizer.eos_token_id
+    config = GPT2Config(vocab_size=50257, n_positions=1024, n_ctx=1024, n_embd=768, n_layer=12,
+                        n_head=12, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def write_corpus(out: Path, n_tokens: int, seed: int = 0) -> None:
+    """Sentences from the IOI templates and the capitals, names and places drawn at random,
+    one a line, until about 1.5 x `n_tokens` tokens (about 10 a sentence)."""
+    import random
+
+    from circuitflow.prompts import CAPITALS, IOI_NAMES, IOI_OBJECTS, IOI_PLACES, IOI_TEMPLATES
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(max(100, math.ceil(1.5 * n_tokens / 10))):
+        if rng.random() < 0.7:
+            a, b = rng.sample(IOI_NAMES, 2)
+            line = rng.choice(IOI_TEMPLATES).replace("{A}", a).replace("{B}", b)
+            line = line.replace("{PLACE}", rng.choice(IOI_PLACES))
+            line = line.replace("{OBJECT}", rng.choice(IOI_OBJECTS)) + f" {a}"
+        else:
+            country, city = rng.choice(list(CAPITALS.items()))
+            line = f"The capital of {country} is the city of {city}"
+        lines.append(line)
+    out.write_text("\n".join(lines) + "\n")
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_config(device: str, workdir: Path, model_dir: Path, corpus: Path) -> dict:
+    """config/gpt2-small.yaml on the local model and corpus; on CPU with CPU_OVERRIDES."""
+    config = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    config = merge(config, {
+        "outdir": str(workdir / "results"),
+        "device": device,
+        "model": {"name": str(model_dir), "dtype": "auto", "hf_cache": None},
+        "capture": {"corpus": str(corpus)},
+    })  # fmt: skip
+    config["model"].pop("n_layers", None)  # read from the local config.json
+    return merge(config, CPU_OVERRIDES) if device == "cpu" else config
+
+
+def snakemake(config_file: Path, cores: int, gpus: int) -> float:
+    """Run the DAG; on a GPU one GPU job at a time (`--resources gpus=N`), so each job's wall
+    time is its own."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(REPO), "--configfile", str(config_file),
+           "--cores", str(cores), "--resources", f"gpus={gpus}"]  # fmt: skip
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
+    log = config_file.parent / "snakemake.log"
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        done = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        sys.exit(f"snakemake failed ({done.returncode}); see {log}")
+    return time.perf_counter() - t0
+
+
+def elapsed_s(log: Path) -> float:
+    """Snakemake's `Elapsed time: H:MM:SS.f` at the end of a finished run's log."""
+    line = next(x for x in reversed(log.read_text().splitlines()) if x.startswith("Elapsed time"))
+    h, m, sec = line.split(": ", 1)[1].split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+# --- what the run measured ------------------------------------------------------------------------
+def rule_costs(results: Path, rule: str) -> dict:
+    """Wall time (summed over the rule's jobs) and peak max_rss of one rule's benchmark files."""
+    from circuitflow.report.job_costs import read_benchmark
+
+    bench = results / "benchmarks"
+    paths = [bench / f"{rule}.tsv", *sorted((bench / rule).glob("*.tsv"))]
+    rows = [read_benchmark(p) for p in paths if p.is_file()]
+    rows = [r for p, r in zip(paths, rows, strict=False) if p.stem != "across"]
+    return {"jobs": len(rows), "wall_s": sum(float(r["s"]) for r in rows),
+            "peak_mb": max(float(r["max_rss"]) for r in rows)}  # fmt: skip
+
+
+def stage_summaries(results: Path, rule: str) -> list[dict]:
+    """Each job's counted cost (perf.PassCounter.summary) and what else the projection needs."""
+    if rule == "capture":
+        import h5py
+
+        out = []
+        for path in sorted(results.glob("activations/*/layer_*.h5"))[:1]:
+            with h5py.File(path, "r") as f:
+                out.append({k: (v.item() if hasattr(v, "item") else str(v))
+                            for k, v in f.attrs.items() if k.startswith("forward_")
+                            or k in ("context_length", "n_tokens", "context_start",
+                                     "context_stop")})  # fmt: skip
+        return out
+    pattern = {"train_sae": "saes/*/layer_*/metrics.json",
+               "attribution": "attribution/*/summary.json",
+               "interventions": "interventions/*/summary.json"}[rule]  # fmt: skip
+    return [json.loads(p.read_text()) for p in sorted(results.glob(pattern))]
+
+
+def mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+# --- the projection to a full config/gpt2-small.yaml run on A100s ---------------------------------
+def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, str]:
+    """A100-hours of a full config/gpt2-small.yaml run per stage, from this run's wall times.
+
+    Per stage: A100 seconds = this run's wall_s x (FLOPs of the full run / FLOPs of this run) x
+    (this device's peak / the A100's peak for the stage's dtype: bf16 312 TFLOP/s for the model
+    stages, TF32 156 for SAE training): the stage is assumed to reach the same share of the
+    A100's peak as it reached of this device's (report/gpu_hours.py's roofline projection).
+    FLOPs are counted passes x FLOPs of a pass (perf): capture contexts x forward equivalents;
+    SAE training tokens x 12 d_in d_sae plus the evaluation's passes; attribution's passes from
+    perf.attribution_passes (the planner's formula, tested against the stage's own count) for
+    the full config's prompts, this run's measured count for this run; interventions this run's
+    passes per prompt (the same settings but seeds and random controls on CPU) x the full
+    prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU run it
+    inflates the projection (conservative).
+    """
+    from circuitflow import perf
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.model import architectures
+
+    arch = architectures.config("gpt2-small")
+    from circuitflow import config as cf_config
+
+    # The full run's config as the pipeline resolves it (the schema's defaults filled in).
+    full = cf_config.resolve(yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text()))
+    full_hooks = arch.n_layers * len(full["sites"])
+    a100 = perf.NOMINAL_PEAK_FLOPS["A100"]
+    run_hooks = len(run_cfg["layers"]) * len(run_cfg["sites"])
+    out = {}
+
+    def ctx_flops(t: int, unembed: bool = True) -> float:
+        return t * perf.forward_flops_per_token(arch, t, unembed=unembed)
+
+    # capture: one forward (capture's count per context) of every context.
+    cap = stages["capture"]
+    t = int(cap["context_length"])
+    run_flops = cap["forward_equivalents_total"] * ctx_flops(t, unembed=False)
+    t_full = int(full["capture"]["context_length"])
+    contexts_full = math.ceil(full["capture"]["n_tokens"] / (t_full - 1))
+    full_flops = contexts_full * cap["forward_equivalents_per_prompt"] * ctx_flops(t_full, False)
+    out["capture"] = (run_flops, full_flops, a100["bfloat16"])
+
+    # train_sae: the SAE's tokens and the evaluation's passes (eval contexts of the capture's t).
+    sae = stages["train_sae"]
+    d_sae = lambda cfg: cfg["sae"].get("d_sae") or cfg["sae"]["expansion_factor"] * 768  # noqa: E731
+    sae_full = full["sae"]
+    per_token = perf.sae_training_flops_per_token
+    run_flops = sae["tokens_trained_total"] * per_token(768, d_sae(run_cfg)) + sae[
+        "forward_equivalents_total"
+    ] * ctx_flops(t)
+    full_flops = full_hooks * (
+        sae_full["total_tokens"] * per_token(768, d_sae({"sae": sae_full}))
+        + sae["forward_equivalents_per_prompt"] * sae_full["eval_contexts"] * ctx_flops(t_full)
+    )
+    out["train_sae"] = (run_flops, full_flops, a100["float32"])
+
+    # attribution: passes x a spliced pass of a prompt (every SAE in).
+    att = stages["attribution"]
+    plen = att["prompt_length"]
+    spliced = lambda n, ds: perf.attribution_forward_flops_per_prompt(arch, plen, n, ds)  # noqa: E731
+    run_flops = att["forward_equivalents_total"] * spliced(run_hooks, d_sae(run_cfg))
+    acfg = AttributionConfig.from_dict(full.get("attribution"))
+    full_flops = 0.0
+    for b in full["behaviours"].values():
+        n = b["n_prompts"]
+        passes = perf.attribution_passes(arch, full_hooks, acfg, n, d_sae(full))
+        full_flops += n * sum(passes.values()) * spliced(full_hooks, d_sae(full))
+    out["attribution"] = (run_flops, full_flops, a100["bfloat16"])
+
+    # interventions: forward passes of a prompt (plain model; SAE features spliced where steered).
+    iv = stages["interventions"]
+    run_flops = iv["forward_equivalents_total"] * ctx_flops(plen)
+    n_full = sum(b["n_prompts"] for b in full["behaviours"].values())
+    full_flops = n_full * iv["forward_equivalents_per_prompt"] * ctx_flops(plen)
+    out["interventions"] = (run_flops, full_flops, a100["bfloat16"])
+
+    hours = {}
+    for rule, (run_flops, full_flops, peak) in out.items():
+        scale = full_flops / run_flops if run_flops else float("nan")
+        hours[rule] = stages[rule]["wall_s"] * scale * device_peak / peak / 3600
+    return hours, projection.__doc__.split("\n\n", 1)[1].strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], required=True)
+    ap.add_argument("--workdir", type=Path, default=None, help="default: a fresh temp directory")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a finished run in --workdir (its snakemake.log's elapsed time) instead of "
+        "running the DAG again",
+    )
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    import tempfile
+
+    import torch
+
+    from circuitflow import perf
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="circuitflow-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir, corpus = workdir / "gpt2-small-random", workdir / "corpus.txt"
+    if not (model_dir / "config.json").is_file():
+        write_model(model_dir)
+    config = run_config(args.device, workdir, model_dir, corpus)
+    if not args.reuse:
+        write_corpus(corpus, int(1.2 * config["capture"]["n_tokens"]) + 10_000)
+    config_file = workdir / "config.yaml"
+    if not args.reuse:
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    if args.reuse:
+        total_s = elapsed_s(workdir / "snakemake.log")
+    else:
+        total_s = snakemake(config_file, args.cores, 1 if args.device == "cuda" else 0)
+
+    results = workdir / "results"
+    stages = {}
+    for rule in STAGES:
+        summaries = stage_summaries(results, rule)
+        stage = rule_costs(results, rule)
+        stage["forward_equivalents_per_prompt"] = mean(
+            s.get("forward_equivalents_per_prompt") for s in summaries
+        )
+        stage["forward_equivalents_unit"] = summaries[0].get("forward_equivalents_unit")
+        stage["forward_equivalents_total"] = sum(
+            s.get("forward_equivalents_total", 0.0) for s in summaries
+        )
+        stages[rule] = stage
+    stages["capture"]["context_length"] = config["capture"]["context_length"] or 128
+    stages["train_sae"]["tokens_trained_total"] = sum(
+        s["tokens_trained"] for s in stage_summaries(results, "train_sae")
+    )
+    prompts = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    import pandas as pd
+
+    lengths = [
+        len(t)
+        for b in prompts["behaviours"]
+        for t in pd.read_parquet(results / "prompts" / f"{b}.parquet")["clean_tokens"]
+    ]
+    stages["attribution"]["prompt_length"] = round(sum(lengths) / len(lengths))
+
+    if args.device == "cuda":
+        name = torch.cuda.get_device_name()
+        peak = perf.nominal_peak_flops(name, "bfloat16") or perf.measured_peak_flops("cuda")
+        device = {"type": "cuda", "name": name}
+    else:
+        torch.set_num_threads(args.cores)
+        peak = perf.measured_peak_flops("cpu")
+        device = {"type": "cpu", "threads": args.cores}
+    hours, how = projection(stages, config, peak)
+    for rule, h in hours.items():
+        stages[rule]["a100_hours_full_config"] = h
+    out = {
+        "benchmark": "scale",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "device": device | {"peak_flops": peak, "torch": torch.__version__},
+        "n_layers": 12,
+        "model": "gpt2-small architecture, random weights (local Hugging Face directory)",
+        "config": {k: config[k] for k in ("layers", "capture", "sae", "behaviours")},
+        "snakemake_wall_s": total_s,
+        "stages": stages,
+        "a100_hours_full_config": sum(hours.values()),
+        "projection": how,
+    }
+    path = args.out or REPO / "benchmarks" / "results" / f"scale-{args.device}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
