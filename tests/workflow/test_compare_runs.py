@@ -1,5 +1,7 @@
-"""compare_runs on the real DAG: two runs of .test/config/small.yaml with the same seed agree; a
-changed seed shows up in the diff; a missing directory is exit 2."""
+"""compare_runs on the real DAG: a changed seed shows up in the diff; a missing directory is
+exit 2. That two runs of one config agree is tests/workflow/test_faults.py's
+claim (runs killed and resumed anywhere end with compare_runs exit 0 against an uninterrupted
+one): a third whole run here would add minutes and no check."""
 
 from __future__ import annotations
 
@@ -23,10 +25,9 @@ def _compare(a, b):
     )
 
 
-def test_same_seed_runs_agree_and_changed_seed_differs(small_results, tmp_path):
+def test_changed_seed_differs(small_results, tmp_path):
     small = load_test_config("small")
-    run_snakemake(small, tmp_path / "b")
-    run_a, run_b = small_results, tmp_path / "b" / "results"
+    run_a = small_results
     # A changed seed changes the model, hence the baseline: that part of the DAG is enough.
     target = tmp_path / "c" / "results" / "baseline" / "induction.json"
     run_snakemake(small | {"seed": 1}, tmp_path / "c", str(target))
@@ -41,10 +42,6 @@ def test_same_seed_runs_agree_and_changed_seed_differs(small_results, tmp_path):
         "interventions/induction/completeness",
     ):
         assert key in metrics, key
-
-    same = _compare(run_a, run_b)
-    assert same.returncode == 0, same.stdout + same.stderr
-    assert "metrics agree" in same.stdout
 
     changed = _compare(run_a, run_c)
     assert changed.returncode == 1, changed.stdout + changed.stderr
