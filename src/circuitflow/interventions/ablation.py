@@ -37,6 +37,7 @@ import torch
 from circuitflow import memory
 from circuitflow.attribution.splice import encode
 from circuitflow.errors import ConfigError
+from circuitflow.model.forward import last_logits
 from circuitflow.nodes import Node, hook_name
 from circuitflow.perf import PassCounter
 from circuitflow.prompts import by_length
@@ -344,9 +345,9 @@ class Intervener:
                     ]
                     tokens = group.clean[rows].to(self.device).repeat(len(chunk_runs), 1)
                     with self.model.hooks(fwd_hooks=fwd):
-                        logits = self.model(tokens, return_type="logits")
+                        logits = last_logits(self.model, tokens)
                     self.counter.forward(len(tokens))
-                    last = logits[:, -1].float().view(len(chunk_runs), len(rows), -1)
+                    last = logits.float().view(len(chunk_runs), len(rows), -1)
                     answer, distractor = group.answer[rows], group.distractor[rows]
                     stats = _last_position_stats(
                         last, answer.to(self.device), distractor.to(self.device)
