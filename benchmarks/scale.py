@@ -45,8 +45,9 @@ CPU_OVERRIDES = {
                    "capitals": {"source": "factual_recall", "n_prompts": 8}},
     "attribution": {"validation_prompts": 4, "validation_features": 8, "validation_heads": 8,
                     "validation_edges": 4, "max_graph_nodes": 10, "context_max_tokens": 4096},
-    "interventions": {"n_seeds": 1, "n_random_circuits": 2, "n_random_sets": 2,
-                      "max_set_size": 2, "steering_alphas": [-4, 0, 4]},
+    "interventions": {"n_seeds": 1, "n_random_circuits": 1, "n_random_sets": 1,
+                      "max_set_size": 2, "steering_alphas": [-4, 0, 4],
+                      "circuit_sizes": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]},
 }  # fmt: skip
 
 
@@ -181,8 +182,8 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     SAE training tokens x 12 d_in d_sae plus the evaluation's passes; attribution's passes from
     perf.attribution_passes (the planner's formula, tested against the stage's own count) for
     the full config's prompts, this run's measured count for this run; interventions this run's
-    passes per prompt (the same settings but seeds and random controls on CPU) x the full
-    prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU run it
+    passes per prompt (the same settings but seeds, random controls and circuit sizes on CPU)
+    x the full prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU run it
     inflates the projection (conservative).
     """
     from circuitflow import perf

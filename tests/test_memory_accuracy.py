@@ -91,7 +91,8 @@ def test_runtime_constants_match_a_fresh_interpreter():
 
     for kind in memory.RUNTIME_MODULES:
         measured = memory.measure_runtime_bytes(kind) / memory.MiB
-        assert 0.9 <= memory.RUNTIME_MB[kind] / measured <= 1.1, (kind, measured)
+        # Upper values (a fresh install's): aged page-cache state measures up to ~20% less.
+        assert 0.95 <= memory.RUNTIME_MB[kind] / measured <= 1.3, (kind, measured)
 
 
 def test_a_job_peak_does_not_inherit_its_parents():
@@ -103,7 +104,7 @@ def test_a_job_peak_does_not_inherit_its_parents():
 
     ballast = np.ones(96 * memory.MiB)  # 768 MiB resident in this process
     measured = memory.measure_runtime_bytes("base") / memory.MiB
-    assert ballast.sum() > 0 and 0.9 <= memory.RUNTIME_MB["base"] / measured <= 1.1, measured
+    assert ballast.sum() > 0 and 0.95 <= memory.RUNTIME_MB["base"] / measured <= 1.3, measured
 
 
 def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):

@@ -662,8 +662,10 @@ def presets_markdown(rows: list[dict] | None = None) -> str:
 # TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
 # set after importing RUNTIME_MODULES in a fresh interpreter (`python -m circuitflow.memory
 # runtime` re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
-# wheel, Linux x86-64, MiB. A job's plan is this plus its work; the work estimates above leave
-# it out because it is resident before they start.
+# wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20% less where
+# the libraries' files have aged in the page cache (220 against 272 MiB for `base` on one
+# machine: fresh files are mapped whole on first touch), so these are the upper values. A job's
+# plan is this plus its work; the work estimates above leave it out (resident before they start).
 RUNTIME_MODULES = {
     "base": ("circuitflow.config",),
     "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
@@ -672,7 +674,7 @@ RUNTIME_MODULES = {
     # report_gpu_hours: the report's modules and TransformerLens (the architectures' configs)
     "architectures": ("circuitflow.config", "circuitflow.report.stage", "transformer_lens"),
 }  # fmt: skip
-RUNTIME_MB = {"base": 220, "report": 320, "model": 535, "architectures": 472}
+RUNTIME_MB = {"base": 272, "report": 403, "model": 625, "architectures": 561}
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
