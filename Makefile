@@ -7,8 +7,10 @@ VENV ?= .venv
 # On a GPU machine set TORCH to the build that matches its CUDA, e.g. TORCH='torch==2.13.0'.
 TORCH ?= torch==2.13.0
 CORES ?= all
-# Test workers (pytest-xdist): the whole-DAG runs leave a core idle while one job runs.
-TEST_WORKERS ?= 2
+# Test workers (pytest-xdist): four on 2 cores. Each shared run holds a worker (xdist adds work
+# to a worker only when its queue is almost empty), the other two take the rest, and whole-DAG
+# runs and the local Slurm cluster leave cores idle while they wait.
+TEST_WORKERS ?= 4
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
@@ -34,7 +36,7 @@ check: install
 	$(ACTIVATE) snakemake --cores 1 check
 
 test: install
-	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 lint: install
 	$(ACTIVATE) ruff check src scripts tests benchmarks .test

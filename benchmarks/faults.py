@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Fault injection: kill the pipeline anywhere, resume, and check the results are the same.
 
-1. Reference: the DAG, uninterrupted, on a reduced config (.test/config/faults.yaml).
+1. Reference: the DAG, uninterrupted, on a reduced config (.test/config/small.yaml), or a
+   finished run of it given with --reference (the test suite passes its shared small run).
 2. Kills: the same DAG in a fresh directory, started with CIRCUITFLOW_INJECT_OOM naming every GPU
    stage (one CUDA-style out-of-memory error in one batch of each: the stage must halve its batch
    and finish). While it runs, the whole Snakemake process group is killed with SIGKILL at each
@@ -38,7 +39,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / ".test" / "config" / "faults.yaml"
+CONFIG = REPO / ".test" / "config" / "small.yaml"
 OOM_STAGES = ("capture", "train_sae", "attribution", "interventions")
 TIMEOUT = 900  # seconds any one Snakemake run may take
 # What compare_runs reads: the pipeline up to interventions (the report and provenance rules add

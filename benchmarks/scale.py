@@ -183,8 +183,8 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     perf.attribution_passes (the planner's formula, tested against the stage's own count) for
     the full config's prompts, this run's measured count for this run; interventions this run's
     passes per prompt (the same settings but seeds, random controls and circuit sizes on CPU)
-    x the full prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU run it
-    inflates the projection (conservative).
+    x the full prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU
+    run it inflates the projection (conservative).
     """
     from circuitflow import perf
     from circuitflow.attribution.config import AttributionConfig

@@ -20,6 +20,28 @@ from helpers.dag import REPO, load_test_config, run_snakemake
 SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
 
 
+# The longest test outside the shared runs' groups (about 8 minutes on 2 cores): it starts right
+# after the groups, not after the ~250 unit tests that come before it alphabetically.
+LONGEST = ("tests/workflow/test_slurm.py::test_pipeline_on_local_slurm_and_walltime_resume",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest work first: `make test` runs xdist with --no-loadscope-reorder, which hands out
+    the tests in this order, so the shared runs and the long tests start at once and the unit
+    tests fill the workers' gaps."""
+
+    def rank(item) -> int:
+        groups = {m.args[0] for m in item.iter_markers("xdist_group")}
+        for i, group in enumerate(SHARED_RUNS.values()):
+            if group in groups:
+                return i
+        if item.nodeid.startswith(LONGEST):
+            return len(SHARED_RUNS)
+        return len(SHARED_RUNS) + (1 if item.get_closest_marker("slow") else 2)
+
+    items.sort(key=rank)  # stable: collection order within a rank
+
+
 def pytest_itemcollected(item):
     # Marked as each test is collected: xdist reads the groups in its own
     # pytest_collection_modifyitems, which may run before this conftest's.

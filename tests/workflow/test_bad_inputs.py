@@ -256,8 +256,8 @@ BAD_COMBINATIONS = {
         "capture.n_tokens: 16 is less than one context",
     ),
     "capture.shards above the checkpoint units": (
-        {"capture": {"shards": 8}},
-        "capture.shards: 8 shards for 1 checkpoint units",
+        {"capture": {"shards": 16}},
+        "capture.shards: 16 shards for 8 checkpoint units",
     ),
 }
 

@@ -1,7 +1,8 @@
-"""benchmarks/faults.py on .test/config/faults.yaml: SIGKILLs of the whole Snakemake process
+"""benchmarks/faults.py on .test/config/small.yaml: SIGKILLs of the whole Snakemake process
 group inside every stage, each followed by the user's recovery (--unlock, then the same command
 with --rerun-incomplete), one injected out-of-memory error per GPU stage and a full disk, and
-the end results compared with an uninterrupted run."""
+the end results compared with an uninterrupted run: the shared small run (conftest), so this is
+also the suite's check that two runs of one config agree (compare_runs exit 0)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from helpers.dag import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_killed_anywhere_the_run_resumes_to_the_same_results(tmp_path):
+def test_killed_anywhere_the_run_resumes_to_the_same_results(small_results, tmp_path):
     spec = importlib.util.spec_from_file_location("faults", REPO / "benchmarks" / "faults.py")
     faults = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(faults)
     out = tmp_path / "faults.json"
-    result = faults.main(["--workdir", str(tmp_path / "runs"), "--out", str(out)])
+    args = ["--workdir", str(tmp_path / "runs"), "--out", str(out)]
+    result = faults.main([*args, "--reference", str(small_results)])
     assert out.is_file()
     killed = {e["stage"] for e in result["kill_events"] if e["killed"]}
     assert {"capture", "train_sae", "attribution", "interventions"} <= killed, result

@@ -11,11 +11,12 @@ in a full forward.
 from __future__ import annotations
 
 import torch
-from transformer_lens.utilities.activation_functions import apply_softcap
 
 
 def last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """The model's logits at the last position of `tokens` [batch, pos]: [batch, d_vocab]."""
+    from transformer_lens.utilities.activation_functions import apply_softcap  # 9 s to import
+
     resid = model(tokens, stop_at_layer=model.cfg.n_layers)[:, -1:]
     if model.cfg.normalization_type is not None:
         resid = model.ln_final(resid)
