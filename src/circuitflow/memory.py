@@ -730,7 +730,7 @@ def _job_work_bytes(config: dict, rule: str, device: str) -> int:
     if rule not in MODEL_RULES and rule != "capture_tokens":
         return 0
     cfg = architectures.model_cfg(config)
-    n_params = architectures.model_shape(config).n_params
+    n_params = architectures.n_params(cfg)
     cuda = device.startswith("cuda")
     # On CPU everything is host memory; on a GPU the host keeps what Estimate.host counts.
     c = 4 if not cuda else 2  # model.dtype auto: fp32 on CPU, 16-bit on a GPU
