@@ -116,7 +116,7 @@ def test_sae_estimate_counts_optimiser_state_and_batch():
 
 
 def test_attribution_estimate_integrated_gradients_holds_what_atp_holds():
-    """EAP-IG moves the embedding along the path and takes every node's gradient in one
+    """IG moves every node along its path and takes every node's gradient in one
     forward/backward per step: per prompt it holds what AtP holds (no copy per head)."""
     atp = memory.estimate_attribution(
         CFG_FULL, 1_000_000, 16, 2, 2048, torch.float32, "cuda", "atp"

@@ -100,6 +100,36 @@ def test_feature_scores_follow_the_chain_rule(tiny):
     np.testing.assert_allclose(ours.to_numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
 
 
+def test_ig_integrates_along_the_activation_path(tiny):
+    """IG moves every node on its own straight line: at the last SAE, whose output reaches the
+    logits through the final norm alone, the spliced residual is then clean + alpha (corrupted
+    - clean) exactly, so feature f's score is the mean over midpoints of W_dec[f] . dm/dx at
+    that residual, times f_clean - f_corr, summed over positions: computed here with
+    TransformerLens's own hooks, not the splice. (Moving the embedding instead and recomputing
+    the rest, the last residual leaves that line and the scores differ.)"""
+    model, saes, prompts = tiny
+    steps = 5
+    hook = hook_name("resid_post", N_LAYERS - 1)
+    sae = saes[hook]
+    clean, corr = (torch.tensor(np.stack(prompts[c])) for c in ("clean_tokens", "corrupted_tokens"))
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    x_clean = model.run_with_cache(clean, names_filter=hook)[1][hook]
+    x_corr = model.run_with_cache(corr, names_filter=hook)[1][hook]
+    grad = torch.zeros_like(x_clean)
+    for i in range(steps):
+        x = (x_clean + (i + 0.5) / steps * (x_corr - x_clean)).requires_grad_(True)
+        with torch.enable_grad(), model.hooks(fwd_hooks=[(hook, lambda act, hook, x=x: x)]):
+            metric = splice.logit_diff(model(clean), ans, dis).sum()
+            grad += torch.autograd.grad(metric, x)[0] / steps
+    delta = sae.encode(x_clean) - sae.encode(x_corr)
+    expected = (torch.einsum("bpd,fd->bpf", grad, sae.W_dec) * delta).sum((0, 1)) / len(prompts)
+    cfg = AttributionConfig(method="ig", ig_steps=steps, validation_features=0)
+    frame = attr.attribute(model, prompts, saes, cfg).frame
+    ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")["score_ig"]
+    assert expected.abs().max() > 1e-3  # features that move the metric
+    np.testing.assert_allclose(ours.to_numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
+
+
 def test_bos_bypass_zeroes_features_at_bos_and_keeps_the_logits(tiny):
     model, saes, prompts = tiny
     tokens = torch.tensor(np.stack(prompts["clean_tokens"]))

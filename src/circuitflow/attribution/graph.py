@@ -8,7 +8,7 @@ a_d(u corrupted), exactly: one forward of the cut model per upstream node serves
 step from d to the metric is linear:
     w(u -> d) = sum over positions of g_d . (a_d,clean - a_d(u corrupted)),
 with g_d = dm/da_d, the total gradient, on the clean run (`method: atp`) or averaged along the
-input path of integrated gradients (`ig`). A hybrid: the step from u to d is exact because it
+activation path of integrated gradients (`ig`). A hybrid: the step from u to d is exact because it
 is where a linearisation goes wrong most (an attention pattern that moves, a feature that
 switches off), and it costs one forward per upstream node, where a Jacobian needs one backward
 per downstream node.
@@ -34,9 +34,9 @@ import pandas as pd
 import torch
 
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.scores import interpolate_embedding, node_patch, spearman
+from circuitflow.attribution.scores import node_patch, path_gradients, spearman
 from circuitflow.attribution.splice import Batch, Spliced, iter_batches, logit_diff
-from circuitflow.nodes import EMBED_HOOK, Node
+from circuitflow.nodes import Node
 
 LOGIT = "logit"
 
@@ -99,8 +99,8 @@ def node_gradients(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """(dm/da of each key's tensor, total through every path, every node's clean activation,
     the clean metric). The gradient is the configured method's: on the clean run (atp, whose
-    forward gives the clean values too) or averaged along integrated gradients' input path
-    (ig, after a clean forward)."""
+    forward gives the clean values too) or averaged along integrated gradients' activation
+    path (ig, after a clean forward; scores.path_gradients)."""
     if cfg.method == "atp":
         with torch.enable_grad():
             run = sp.run(batch.clean)
@@ -109,17 +109,7 @@ def node_gradients(
         clean = {k: v.detach() for k, v in run.acts.items()}
         return dict(zip(keys, (g.detach() for g in grads), strict=True)), clean, metric.detach()
     clean, base = clean_run(sp, batch)
-    total = {k: torch.zeros_like(clean[k]) for k in keys}
-    for i in range(cfg.ig_steps):
-        alpha = (i + 0.5) / cfg.ig_steps
-        patch = interpolate_embedding(clean[EMBED_HOOK], corr[EMBED_HOOK], alpha)
-        with torch.enable_grad():
-            run = sp.run(batch.clean, {EMBED_HOOK: patch})
-            metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            grads = sp.grad(metric.sum(), [run.acts[k] for k in keys], len(metric))
-        for k, g in zip(keys, grads, strict=True):
-            total[k] += g.detach()
-    return {k: v / cfg.ig_steps for k, v in total.items()}, clean, base
+    return path_gradients(sp, batch, keys, clean, corr, cfg.ig_steps), clean, base
 
 
 @torch.no_grad()

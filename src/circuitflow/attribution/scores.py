@@ -9,10 +9,15 @@ supports the answer:  score = m(clean) - m(clean with node <- corrupted), averag
 Methods (every node of every layer from the same passes):
 * `atp` (attribution patching): g . (a_clean - a_corrupted), g = dm/da on the clean run; one
   forward/backward per batch.
-* `ig` (integrated gradients along the input path, EAP-IG of Hanna et al. 2024): the token
-  embedding moves from clean to corrupted in `ig_steps` steps (midpoints), every node's gradient
-  is averaged along the way and dotted with its (a_clean - a_corrupted); one forward/backward
-  per step for all nodes.
+* `ig` (integrated gradients along the activation path, IG-activations of Marks et al. 2024
+  and Hanna et al. 2024): every node moves from its clean to its corrupted value on a straight
+  line in `ig_steps` steps (midpoints); each node's gradient, taken with every node at the same
+  point of its line, is averaged along the way and dotted with its (a_clean - a_corrupted); one
+  forward/backward per step for all nodes. Along the input path instead (the embedding moved,
+  the rest recomputed), a TopK feature's activation jumps rather than moves, and heads whose
+  effects are ANDed take each other's share: on the embedded induction circuit the
+  previous-token head scored -1.0 against an exact 6.6, and head and feature rank agreement with
+  exact patching were 0.53 and 0.29 (0.91 and 0.68 along activations, at the same cost).
 * `exact` (activation patching): one forward per node; the reference the fast methods are
   validated against, kind by kind.
 
@@ -44,7 +49,6 @@ from circuitflow.attribution.splice import (
     reduce_nodes,
     run_batches,
 )
-from circuitflow.nodes import EMBED_HOOK
 from circuitflow.prompts import selection_half
 
 log = logging.getLogger(__name__)
@@ -67,9 +71,10 @@ def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor]):
     return out, metric.detach(), {k: v.detach() for k, v in run.acts.items()}
 
 
-def interpolate_embedding(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
-    """A patch that sets the token embedding to clean + alpha (corrupted - clean), keeping the
-    tensor in the graph so its gradient is defined."""
+def interpolate(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
+    """A patch that sets a node tensor to clean + alpha (corrupted - clean). The value is
+    replaced but the gradient passes through as through the identity, so each node's gradient
+    is the one at the point where every node sits on its line."""
 
     def patch(act: torch.Tensor) -> torch.Tensor:
         return act + (clean + alpha * (corr - clean) - act).detach()
@@ -77,27 +82,33 @@ def interpolate_embedding(clean: torch.Tensor, corr: torch.Tensor, alpha: float)
     return patch
 
 
-def ig_batch(sp: Spliced, batch: Batch, clean, corr, steps: int):
-    """Integrated gradients along the input path: per key, per-prompt node scores [b, n]; one
-    forward and backward per step for every node of every layer."""
-    keys = list(clean)
-    grad_sum = {k: torch.zeros_like(clean[k]) for k in keys}
+def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, steps: int):
+    """dm/da for each of `keys`, averaged over `steps` midpoints of the activation path (every
+    node of every layer on its clean-to-corrupted line, one forward and backward per step)."""
+    total = {k: torch.zeros_like(clean[k]) for k in keys}
     for i in range(steps):
         alpha = (i + 0.5) / steps
-        patch = interpolate_embedding(clean[EMBED_HOOK], corr[EMBED_HOOK], alpha)
+        patches = {k: interpolate(clean[k], corr[k], alpha) for k in clean}
         with torch.enable_grad():
-            run = sp.run(batch.clean, {EMBED_HOOK: patch})
+            run = sp.run(batch.clean, patches)
             metric = logit_diff(run.logits, batch.answer, batch.distractor)
             grads = sp.grad(
                 metric.sum(), [run.acts[k] for k in keys], len(metric), allow_unused=True
             )
         for k, grad in zip(keys, grads, strict=True):
             if grad is not None:
-                grad_sum[k] += grad.detach()
+                total[k] += grad.detach()
+    return {k: v / steps for k, v in total.items()}
+
+
+def ig_batch(sp: Spliced, batch: Batch, clean, corr, steps: int):
+    """Integrated gradients along the activation path: per key, per-prompt node scores [b, n];
+    one forward and backward per step for every node of every layer."""
+    grads = path_gradients(sp, batch, list(clean), clean, corr, steps)
     group_of = sp.group_of
     return {
-        k: reduce_nodes(k, group_of[k], (grad_sum[k] / steps * (clean[k] - corr[k])).float())
-        for k in keys
+        k: reduce_nodes(k, group_of[k], (g * (clean[k] - corr[k])).float())
+        for k, g in grads.items()
     }
 
 
