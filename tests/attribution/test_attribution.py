@@ -72,6 +72,25 @@ def test_fast_methods_agree_with_exact_patching_kind_by_kind(tiny, method):
     )
 
 
+def test_validation_compares_fast_and_exact_scores_on_the_same_prompts(tiny):
+    """Exact patching runs on the validation prompts only, so `validation` ranks the fast
+    method's scores over those prompts (`score_<method>_validation`), not over all of them:
+    they equal a separate run on the validation prompts alone."""
+    model, saes, prompts = tiny
+    cfg = AttributionConfig(
+        method="atp", validation_prompts=4, validation_features=N_LAYERS * D_SAE
+    )
+    frame = attr.attribute(model, prompts, saes, cfg).frame
+    subset = attr.validation_prompts(prompts, cfg)
+    assert 0 < len(subset) < len(prompts)
+    alone = attr.attribute(model, subset, saes, cfg).frame
+    np.testing.assert_allclose(frame["score_atp_validation"], alone["score_atp"], atol=1e-6)
+    np.testing.assert_allclose(frame["score_exact"], alone["score_exact"], atol=1e-6)
+    assert not np.allclose(frame["score_atp"], alone["score_atp"], atol=1e-3)
+    expected = attr.spearman(alone["score_atp"].to_numpy(), alone["score_exact"].to_numpy())
+    assert attr.validation(frame, "atp", 0.8)["spearman"] == pytest.approx(expected)
+
+
 def test_feature_scores_follow_the_chain_rule(tiny):
     """AtP of feature f at an SAE = sum over positions of (W_dec[f] . dm/dx)(f_clean - f_corr),
     with dm/dx the plain model's gradient at the SAE's hook (the splice leaves the model's

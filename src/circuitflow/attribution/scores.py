@@ -23,7 +23,11 @@ Methods (every node of every layer from the same passes):
 
 Every score is a mean over all prompts (`score_*`) and over the selection half
 (`score_*_selection`, prompts.selection_half), which interventions ranks circuits by, so the
-held-out half stays unseen. The spliced forward pass the methods run is in `splice.py`.
+held-out half stays unseen. The fast method's mean over the validation prompts, where exact
+patching runs, is `score_<method>_validation`: `validation` compares like with like (on the
+embedded default, scores averaged over all 256 prompts against exact ones over 32 differed by
+prompt sampling alone: feature rank agreement 0.82 and 0.89 instead of 0.89 and 0.97).
+The spliced forward pass the methods run is in `splice.py`.
 """
 
 from __future__ import annotations
@@ -162,29 +166,30 @@ class NodeScores:
 
 
 class Sums:
-    """Per-prompt values summed over all prompts and over the selection half."""
+    """Per-prompt values summed over all prompts and over each subset of them (`subsets`:
+    name -> a mask over the prompt table, such as the selection half)."""
 
-    def __init__(self, selection: np.ndarray):
-        self.selection = selection
-        self.all: dict = {}
-        self.sel: dict = {}
-        self.n = self.n_sel = 0
+    def __init__(self, **subsets: np.ndarray):
+        self.subsets = subsets
+        self.sums: dict[str | None, dict] = {name: {} for name in (None, *subsets)}
+        self.n = dict.fromkeys(self.sums, 0)
 
     def add(self, key, values: torch.Tensor, rows: np.ndarray) -> None:
         """`values` [b, ...] for the prompts at `rows` of the prompt table."""
-        mask = torch.as_tensor(self.selection[rows], device=values.device)
-        self.all[key] = self.all.get(key, 0) + values.sum(0)
-        self.sel[key] = self.sel.get(key, 0) + values[mask].sum(0)
+        for name, sums in self.sums.items():
+            part = values
+            if name is not None:
+                part = values[torch.as_tensor(self.subsets[name][rows], device=values.device)]
+            sums[key] = sums.get(key, 0) + part.sum(0)
 
     def count(self, rows: np.ndarray) -> None:
-        self.n += len(rows)
-        self.n_sel += int(self.selection[rows].sum())
+        for name in self.n:
+            self.n[name] += len(rows) if name is None else int(self.subsets[name][rows].sum())
 
-    def means(self) -> tuple[dict, dict]:
-        def mean(sums: dict, n: int) -> dict:
-            return {k: (v / max(n, 1)).cpu().numpy() for k, v in sums.items()}
-
-        return mean(self.all, self.n), mean(self.sel, self.n_sel)
+    def means(self, subset: str | None = None) -> dict:
+        """Per key, the mean over all prompts (None) or over `subset`."""
+        n = max(self.n[subset], 1)
+        return {k: (v / n).cpu().numpy() for k, v in self.sums[subset].items()}
 
 
 def node_frame(groups: list[HookGroup], columns: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
@@ -242,7 +247,9 @@ def attribute(
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
     sp = Spliced.of(model, saes, bypass_bos)
-    fast, moved = Sums(selection_half(prompts)), Sums(selection_half(prompts))
+    selection = selection_half(prompts)
+    checked = validation_mask(prompts, cfg)
+    fast, moved = Sums(selection=selection, validation=checked), Sums()
     m_clean = m_corr = 0.0
     t0 = time.perf_counter()
     size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
@@ -275,16 +282,21 @@ def attribute(
             m_clean += metric.sum().item()
             m_corr += metric_corr.sum().item()
     t_fast = time.perf_counter() - t0
-    fast_all, fast_sel = fast.means()
-    columns = {f"score_{cfg.method}": fast_all, f"score_{cfg.method}_selection": fast_sel}
+    fast_col = f"score_{cfg.method}"
+    columns = {
+        fast_col: fast.means(),
+        f"{fast_col}_selection": fast.means("selection"),
+        f"{fast_col}_validation": fast.means("validation"),
+    }
     frame = node_frame(sp.groups, columns)
 
     t0 = time.perf_counter()
-    exact_nodes = exact_node_list(frame, cfg, moved.means()[0])
-    exact = Sums(fast.selection)
+    exact_nodes = exact_node_list(frame, cfg, moved.means())
+    validation_set = prompts[checked]
+    exact = Sums(selection=selection_half(validation_set))  # rows: positions in validation_set
     with sp.counter.part("exact"):
         for batch, values in run_batches(
-            validation_prompts(prompts, cfg),
+            validation_set,
             backoff,
             device,
             lambda b: exact_batch(sp, b, sp.acts(b.corrupted), exact_nodes),
@@ -293,25 +305,33 @@ def attribute(
                 exact.add(node, v, batch.rows)
             exact.count(batch.rows)
     at = {(k, i): j for j, (k, i) in enumerate(zip(frame["key"], _patch_index(frame), strict=True))}
-    for column, values in zip(("score_exact", "score_exact_selection"), exact.means(), strict=True):
+    for column, values in (
+        ("score_exact", exact.means()),
+        ("score_exact_selection", exact.means("selection")),
+    ):
         filled = np.full(len(frame), np.nan)
         for node, value in values.items():
             filled[at[node]] = float(value)
         frame[column] = filled
     t_exact = time.perf_counter() - t0
-    n = fast.n
+    n = fast.n[None]
     return NodeScores(frame, sp, m_clean / n, m_corr / n, {"fast": t_fast, "exact": t_exact}, n)
 
 
-def validation_prompts(prompts: pd.DataFrame, cfg: AttributionConfig) -> pd.DataFrame:
+def validation_mask(prompts: pd.DataFrame, cfg: AttributionConfig) -> np.ndarray:
     """The first `validation_prompts` prompts of each half, alternating (so both halves of the
-    circuit split have exact scores)."""
+    circuit split have exact scores), as a mask over `prompts`."""
     half = selection_half(prompts)
     k = cfg.validation_prompts
     keep = np.zeros(len(prompts), dtype=bool)
     for mask in (half, ~half):
         keep[np.flatnonzero(mask)[: (k + 1) // 2 if mask is half else k // 2]] = True
-    return prompts[keep]
+    return keep
+
+
+def validation_prompts(prompts: pd.DataFrame, cfg: AttributionConfig) -> pd.DataFrame:
+    """The prompts exact patching, edges and their validation run on (validation_mask)."""
+    return prompts[validation_mask(prompts, cfg)]
 
 
 def _patch_index(frame: pd.DataFrame) -> list[int]:
@@ -356,9 +376,11 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def validation(frame: pd.DataFrame, method: str, threshold: float) -> dict[str, Any]:
-    """Rank agreement of the fast method with exact patching, on the nodes where both exist:
-    over all of them and kind by kind (`by_kind`: heads, features, errors, ...)."""
-    fast, exact = frame[f"score_{method}"].to_numpy(), frame["score_exact"].to_numpy()
+    """Rank agreement of the fast method with exact patching on the same (validation) prompts,
+    on the nodes where both exist: over all of them and kind by kind (`by_kind`: heads,
+    features, errors, ...)."""
+    fast = frame[f"score_{method}_validation"].to_numpy()
+    exact = frame["score_exact"].to_numpy()
     both = ~np.isnan(exact)
 
     def agreement(mask: np.ndarray) -> dict[str, Any]:
