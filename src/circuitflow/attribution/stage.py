@@ -248,6 +248,7 @@ def run(
     from circuitflow.errors import ConfigError
     from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
+    from circuitflow.sae.files import check_sae_dir
 
     if len(sae_dirs) != len(activation_files):
         raise ConfigError("--saes and --activations must name the same number of paths")
@@ -258,6 +259,8 @@ def run(
     acts = {info.hook_name: info.path for info in infos}
     # The SAEs were trained on these files: bypassed at BOS when the files leave BOS out.
     bypass_bos = any(info.bos_excluded for info in infos)
+    for d in sae_dirs:  # before the model: a damaged SAE is refused in a second
+        check_sae_dir(d)
     model_dir = Path(model_json).parent
     model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)

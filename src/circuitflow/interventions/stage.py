@@ -352,11 +352,14 @@ def run(
     from circuitflow.devices import precise_math
     from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
+    from circuitflow.sae.files import check_sae_dir
 
     cfg = InterventionsConfig.from_dict(config.get("interventions"))
     prompts = read_prompts(prompts_path)
     # Every input checked before the model is loaded.
     graph = read_attribution(attribution_dir, required=True).graph
+    for d in sae_dirs:  # before the model: a damaged SAE is refused in a second
+        check_sae_dir(d)
     model_dir = Path(model_json).parent
     model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)

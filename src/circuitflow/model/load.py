@@ -85,19 +85,20 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
                fast_math: bool = True):  # fmt: skip
     """The model described by `model_dir/model.json`, in eval mode, on `device`; `fast_math`
     turns on TF32 matmuls on GPUs (throughput work only)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     model_dir = Path(model_dir)
     info = read_model_json(model_dir)
+    kind = info["kind"]
+    # Damaged inputs are refused before TransformerLens's ~10 s import.
+    weights = embedded_weights(model_dir, info) if kind == "embedded" else None
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     if fast_math:
         enable_fast_math(device)
-    kind = info["kind"]
     if kind == "embedded":
         from transformers import PreTrainedTokenizerFast
 
-        weights = embedded_weights(model_dir, info)
         cfg = HookedTransformerConfig(**info["tl_config"])
         tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir / TOKENIZER_DIR)
         model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")

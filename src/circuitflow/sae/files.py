@@ -11,11 +11,10 @@ CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 
 
-def load_sae(sae_dir: Path | str, device="cpu"):
-    """The SAE in `sae_dir` (eval mode, parameters frozen, on `device`), after checking its
-    cfg.json and weights: InputError naming the file when either is missing or unreadable."""
-    from sae_lens import SAE
-
+def check_sae_dir(sae_dir: Path | str) -> dict:
+    """The SAE directory's cfg.json, after checking it and the weights' tensor names (no
+    SAELens import, so a stage refuses a damaged SAE in a second, before loading its model):
+    InputError naming the file when either is missing or unreadable."""
     sae_dir = Path(sae_dir)
     if not sae_dir.is_dir():
         raise InputError(f"{sae_dir}: SAE directory missing; rerun train_sae")
@@ -27,6 +26,15 @@ def load_sae(sae_dir: Path | str, device="cpu"):
     missing = {"W_enc", "W_dec"} - inputs.safetensors_names(weights, stage=rerun)
     if missing:
         raise InputError(f"{weights}: no {', '.join(sorted(missing))} tensor")
+    return cfg
+
+
+def load_sae(sae_dir: Path | str, device="cpu"):
+    """The SAE in `sae_dir` (eval mode, parameters frozen, on `device`), after checking its
+    cfg.json and weights (check_sae_dir)."""
+    check_sae_dir(sae_dir)
+    from sae_lens import SAE
+
     try:
         sae = SAE.load_from_disk(str(sae_dir), device=str(device)).eval()
     except Exception as err:  # noqa: BLE001 - shapes that disagree with cfg.json, and the like
