@@ -59,6 +59,7 @@ def main() -> None:
     corr[:, : args.seq // 2] = rng.integers(0, cfg.d_vocab, (args.n_prompts, args.seq // 2))
     prompts = pd.DataFrame(
         {
+            "prompt_id": np.arange(args.n_prompts),  # the selection/held-out halves
             "clean_tokens": list(clean),
             "corrupted_tokens": list(corr),
             "answer_id": rng.integers(0, cfg.d_vocab, args.n_prompts),

@@ -279,3 +279,20 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     share = cfg.validation_prompts / len(prompts)
     assert share * (2 + cfg.validation_edges) < counted["edge_validation"]
     assert counted["edge_validation"] <= planned["edge_validation"]
+
+
+def test_attribution_benchmark_runs(monkeypatch, capsys):
+    """benchmarks/attribution.py on a one-layer model: it prints its estimate, and every node of
+    the layer (embedding, heads, MLP, the SAE's features and error) is scored. (It had broken
+    unnoticed when prompts gained their selection half.)"""
+    import json
+    import runpy
+
+    from helpers.dag import REPO
+
+    args = ["--n-prompts", "2", "--layers", "1", "--n-saes", "1", "--d-sae", "64", "--seq", "8"]
+    monkeypatch.setattr("sys.argv", ["attribution.py", *args])
+    runpy.run_path(str(REPO / "benchmarks" / "attribution.py"), run_name="__main__")
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_nodes"] == 1 + 12 + 1 + 64 + 1  # GPT-2 small's 12 heads
+    assert out["estimate_a100_seconds_for_target"] > 0
