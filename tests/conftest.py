@@ -81,5 +81,5 @@ def small_results(tmp_path_factory) -> Path:
     if reuse:
         return Path(reuse)
     workdir = tmp_path_factory.mktemp("small-run")
-    run_snakemake(load_test_config("small"), workdir, nice=0)  # its group: the next chain
+    run_snakemake(load_test_config("small"), workdir)
     return workdir / "results"

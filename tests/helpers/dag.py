@@ -22,9 +22,9 @@ def load_test_config(name: str) -> dict:
     return config
 
 
-# Whole-DAG runs other than the two shared ones run at a lower CPU priority: on CI's 2 cores the
-# default run is the suite's critical path (about 11 CPU-minutes, mostly sequential) and the
-# small run's group the next longest chain; the other runs and tests fill the cores around them.
+# Whole-DAG runs other than the default one run at a lower CPU priority: on CI's 2 cores the
+# default run is the suite's critical path (about 11 CPU-minutes, mostly sequential), and the
+# other runs and tests can fill the cores around it.
 BACKGROUND_NICE = 10
 
 
@@ -33,7 +33,7 @@ def run_snakemake(
 ):
     """Run the real workflow (Snakemake's CLI) with `config` written to a file in `workdir`;
     outputs go to `workdir/results` unless `config` names an outdir. `nice`: added to the
-    run's niceness (0 for the two shared runs)."""
+    run's niceness (0 for the default run, the critical path)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = {"outdir": str(workdir / "results"), **config}
     cfg_file = workdir / "config.yaml"
