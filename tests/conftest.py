@@ -69,7 +69,7 @@ def default_results(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("default-run")
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config.pop("outdir")  # results go to this test's directory, not the checkout's results/
-    run_snakemake(config, workdir, nice=0)  # the suite's critical path: full priority
+    run_snakemake(config, workdir)
     return workdir / "results"
 
 

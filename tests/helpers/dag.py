@@ -22,18 +22,9 @@ def load_test_config(name: str) -> dict:
     return config
 
 
-# Whole-DAG runs other than the default one run at a lower CPU priority: on CI's 2 cores the
-# default run is the suite's critical path (about 11 CPU-minutes, mostly sequential), and the
-# other runs and tests can fill the cores around it.
-BACKGROUND_NICE = 10
-
-
-def run_snakemake(
-    config: dict, workdir: Path, *args: str, check: bool = True, env=None, nice=BACKGROUND_NICE
-):
+def run_snakemake(config: dict, workdir: Path, *args: str, check: bool = True, env=None):
     """Run the real workflow (Snakemake's CLI) with `config` written to a file in `workdir`;
-    outputs go to `workdir/results` unless `config` names an outdir. `nice`: added to the
-    run's niceness (0 for the default run, the critical path)."""
+    outputs go to `workdir/results` unless `config` names an outdir."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = {"outdir": str(workdir / "results"), **config}
     cfg_file = workdir / "config.yaml"
@@ -53,10 +44,7 @@ def run_snakemake(
     # Rules call `python`: make it this interpreter, as an activated environment would.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
-    done = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=1800,
-        preexec_fn=(lambda: os.nice(nice)) if nice else None,
-    )  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=1800)
     if check and done.returncode != 0:
         raise AssertionError(f"snakemake failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done
