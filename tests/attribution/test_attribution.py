@@ -91,10 +91,27 @@ def test_validation_compares_fast_and_exact_scores_on_the_same_prompts(tiny):
     assert attr.validation(frame, "atp", 0.8)["spearman"] == pytest.approx(expected)
 
 
+def _linear_scores(model, saes, prompts, method: str, steps: int = 0) -> dict:
+    """The fast method's scores before direct.py's exact direct effects, per key, mean over
+    prompts (one batch)."""
+    sp = splice.Spliced.of(model, saes)
+    batch = next(splice.iter_batches(prompts, len(prompts), "cpu"))
+    corr = sp.acts(batch.corrupted)
+    if method == "atp":
+        scores = attr.atp_batch(sp, batch, corr, exact_direct=False)[0]
+    else:
+        with torch.no_grad():
+            run = sp.run(batch.clean)
+        clean = {k: v.detach() for k, v in run.acts.items()}
+        scores = attr.ig_batch(sp, batch, clean, corr, run.final, steps, exact_direct=False)
+    return {k: v.mean(0).detach() for k, v in scores.items()}
+
+
 def test_feature_scores_follow_the_chain_rule(tiny):
-    """AtP of feature f at an SAE = sum over positions of (W_dec[f] . dm/dx)(f_clean - f_corr),
-    with dm/dx the plain model's gradient at the SAE's hook (the splice leaves the model's
-    function unchanged): computed here with TransformerLens's own hooks, not the splice."""
+    """AtP of feature f at an SAE, before its direct part is made exact, = sum over positions of
+    (W_dec[f] . dm/dx)(f_clean - f_corr), with dm/dx the plain model's gradient at the SAE's hook
+    (the splice leaves the model's function unchanged): computed here with TransformerLens's own
+    hooks, not the splice."""
     model, saes, prompts = tiny
     hook = hook_name("resid_post", 0)
     sae = saes[hook]
@@ -113,14 +130,14 @@ def test_feature_scores_follow_the_chain_rule(tiny):
     _, cache = model.run_with_cache(corr, names_filter=hook)
     delta = sae.encode(x) - sae.encode(cache[hook])
     expected = (torch.einsum("bpd,fd->bpf", grad, sae.W_dec) * delta).sum((0, 1)) / len(prompts)
-    frame = attr.attribute(model, prompts, saes, AttributionConfig(method="atp")).frame
-    ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")["score_atp"]
+    ours = _linear_scores(model, saes, prompts, "atp")[hook + ".sae:feats"]
     assert expected.abs().max() > 1e-3  # features that move the metric
-    np.testing.assert_allclose(ours.to_numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ours.numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
 
 
 def test_ig_integrates_along_the_activation_path(tiny):
-    """IG moves every node on its own straight line: at the last SAE, whose output reaches the
+    """IG (before its direct part is made exact) moves every node on its own straight line: at
+    the last SAE, whose output reaches the
     logits through the final norm alone, the spliced residual is then clean + alpha (corrupted
     - clean) exactly, so feature f's score is the mean over midpoints of W_dec[f] . dm/dx at
     that residual, times f_clean - f_corr, summed over positions: computed here with
@@ -142,11 +159,38 @@ def test_ig_integrates_along_the_activation_path(tiny):
             grad += torch.autograd.grad(metric, x)[0] / steps
     delta = sae.encode(x_clean) - sae.encode(x_corr)
     expected = (torch.einsum("bpd,fd->bpf", grad, sae.W_dec) * delta).sum((0, 1)) / len(prompts)
-    cfg = AttributionConfig(method="ig", ig_steps=steps, validation_features=0)
-    frame = attr.attribute(model, prompts, saes, cfg).frame
-    ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")["score_ig"]
+    ours = _linear_scores(model, saes, prompts, "ig", steps)[hook + ".sae:feats"]
     assert expected.abs().max() > 1e-3  # features that move the metric
-    np.testing.assert_allclose(ours.to_numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ours.numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["atp", "ig"])
+def test_last_layer_features_score_their_exact_effect(tiny, method):
+    """A feature of the SAE on the last resid_post reaches the metric only through the final
+    norm, so with its direct part exact (direct.py) both fast methods give its patching effect:
+    the metric drop when the last residual moves by W_dec[f] (f_corr - f_clean), computed here
+    with TransformerLens's own hooks. (A gradient alone misses the norm's curvature.)"""
+    model, saes, prompts = tiny
+    hook = hook_name("resid_post", N_LAYERS - 1)
+    sae = saes[hook]
+    clean, corr = (torch.tensor(np.stack(prompts[c])) for c in ("clean_tokens", "corrupted_tokens"))
+    ans, dis = (torch.tensor(prompts[c].to_numpy()) for c in ("answer_id", "distractor_id"))
+    with torch.no_grad():
+        x_clean = model.run_with_cache(clean, names_filter=hook)[1][hook]
+        x_corr = model.run_with_cache(corr, names_filter=hook)[1][hook]
+        delta = sae.encode(x_corr) - sae.encode(x_clean)
+        base = splice.logit_diff(model(clean), ans, dis)
+        expected = []
+        for f in range(D_SAE):
+            x = x_clean + delta[..., f, None] * sae.W_dec[f]
+            with model.hooks(fwd_hooks=[(hook, lambda act, hook, x=x: x)]):
+                expected.append((base - splice.logit_diff(model(clean), ans, dis)).mean())
+    cfg = AttributionConfig(method=method, ig_steps=4, validation_features=0)
+    frame = attr.attribute(model, prompts, saes, cfg).frame
+    ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")[f"score_{method}"]
+    expected = torch.stack(expected).numpy()
+    assert np.abs(expected).max() > 1e-2  # features that move the metric
+    np.testing.assert_allclose(ours.to_numpy(), expected, atol=1e-5, rtol=1e-4)
 
 
 def test_bos_bypass_zeroes_features_at_bos_and_keeps_the_logits(tiny):

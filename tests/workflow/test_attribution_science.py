@@ -51,13 +51,14 @@ def test_induction_finds_previous_token_and_induction_heads(outputs):
     # Induction is an AND of its parts: patching any one of the embedding, the two heads or the
     # MLPs removes most of the behaviour, so single-node exact effects add up to several times
     # the total, which any additive method (IG, AtP) shares out instead. Integrated gradients
-    # along the activation path still rank them as exact patching does. Measured on the
-    # default: heads 0.91 over 8, features 0.89 over 48, edges 0.99 over 24 (along the input
-    # path, with fast scores over all prompts against exact ones over the validation prompts,
-    # as before: 0.53, 0.29 and 0.58; the previous-token head scored -1.0 against 6.6).
+    # along the activation path, with each node's direct effect exact (attribution/direct.py),
+    # still rank them as exact patching does. Measured on the default: heads 0.91 over 8,
+    # features 0.94 over 48, edges 0.99 over 24 (0.89 for features with the direct effect
+    # estimated too: the last layer's features scored 0.29 of their exact effect; along the
+    # input path with fast scores over all prompts, as before: 0.53, 0.29 and 0.58).
     by_kind = graph["validation"]["by_kind"]
     assert by_kind["head"]["n_nodes"] == 8 and by_kind["head"]["spearman"] >= 0.85
-    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.85
+    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.9
     edges = graph["edge_validation"]
     assert edges["n_edges"] == 24 and edges["spearman"] >= 0.9
     # The features that matter most lead the fast ranking, where candidates are picked
@@ -81,12 +82,12 @@ def recall_of_largest_exact(results, behaviour: str, n: int = 5, top: int = 10) 
 
 def test_facts_fast_scores_nodes_and_edges_as_exact_patching_does(outputs):
     """Facts is additive (embedding -> MLPs): the fast method agrees with exact patching kind by
-    kind and edge by edge. Measured on the default: features 0.97 over 48, heads 1.0, edges
-    0.96 over 24."""
+    kind and edge by edge. Measured on the default: features 0.99 over 48, heads 1.0, edges
+    0.95 over 24."""
     results, _ = outputs
     graph = read(results, "facts")[2]
     by_kind = graph["validation"]["by_kind"]
-    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.9
+    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.95
     assert by_kind["head"]["n_nodes"] == 8 and by_kind["head"]["spearman"] >= 0.9
     edges = graph["edge_validation"]
     assert edges["n_edges"] == 24 and edges["spearman"] >= 0.9

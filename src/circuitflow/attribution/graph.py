@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.scores import node_patch, path_gradients, spearman
+from circuitflow.attribution.scores import FINAL, node_patch, path_gradients, spearman
 from circuitflow.attribution.splice import Batch, Spliced, iter_batches, logit_diff
 from circuitflow.nodes import Node
 
@@ -109,7 +109,9 @@ def node_gradients(
         clean = {k: v.detach() for k, v in run.acts.items()}
         return dict(zip(keys, (g.detach() for g in grads), strict=True)), clean, metric.detach()
     clean, base = clean_run(sp, batch)
-    return path_gradients(sp, batch, keys, clean, corr, cfg.ig_steps), clean, base
+    grads = path_gradients(sp, batch, keys, clean, corr, cfg.ig_steps)
+    grads.pop(FINAL)
+    return grads, clean, base
 
 
 @torch.no_grad()

@@ -18,6 +18,9 @@ Methods (every node of every layer from the same passes):
   effects are ANDed take each other's share: on the embedded induction circuit the
   previous-token head scored -1.0 against an exact 6.6, and head and feature rank agreement with
   exact patching were 0.53 and 0.29 (0.91 and 0.68 along activations, at the same cost).
+* Both fast methods take each node's direct effect (its write into the last residual, read
+  through the final norm) exactly and estimate only the paths through later layers
+  (direct.py): a gradient misjudges the final norm when a node writes much of the residual.
 * `exact` (activation patching): one forward per node; the reference the fast methods are
   validated against, kind by kind.
 
@@ -43,6 +46,7 @@ import pandas as pd
 import torch
 
 from circuitflow import memory
+from circuitflow.attribution import direct
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.splice import (
     Batch,
@@ -56,23 +60,35 @@ from circuitflow.attribution.splice import (
 from circuitflow.prompts import selection_half
 
 log = logging.getLogger(__name__)
+FINAL = "final"  # path_gradients' key for the final residual's gradient
 
 
-def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor]):
+def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], exact_direct: bool = True):
     """Attribution patching on one batch: per key, per-prompt node scores [b, n]; also the clean
-    metric [b] and the clean activations (detached)."""
+    metric [b] and the clean activations (detached). `exact_direct`: each node's direct part
+    computed exactly (direct.py) instead of linearly."""
     with torch.enable_grad():
         run = sp.run(batch.clean)
         metric = logit_diff(run.logits, batch.answer, batch.distractor)
         keys = list(run.acts)
-        grads = sp.grad(metric.sum(), [run.acts[k] for k in keys], len(metric), allow_unused=True)
-    group_of = sp.group_of
+        inputs = [run.acts[k] for k in keys] + [run.final]
+        *grads, g_final = sp.grad(metric.sum(), inputs, len(metric), allow_unused=True)
+    clean = {k: v.detach() for k, v in run.acts.items()}
     out = {}
     for k, grad in zip(keys, grads, strict=True):
-        clean = run.acts[k].detach()
-        grad = torch.zeros_like(clean) if grad is None else grad
-        out[k] = reduce_nodes(k, group_of[k], (grad * (clean - corr[k])).float()).detach()
-    return out, metric.detach(), {k: v.detach() for k, v in run.acts.items()}
+        grad = torch.zeros_like(clean[k]) if grad is None else grad
+        out[k] = reduce_nodes(k, sp.group_of[k], (grad * (clean[k] - corr[k])).float()).detach()
+    if exact_direct:
+        out = with_exact_direct(sp, batch, out, clean, corr, run.final.detach(), g_final)
+    return out, metric.detach(), clean
+
+
+def with_exact_direct(sp: Spliced, batch: Batch, scores, clean, corr, final, g_final):
+    """`scores` with each node's direct part replaced by its exact value (direct.correction)."""
+    return {
+        k: v + direct.correction(sp, batch, k, corr[k] - clean[k], final, g_final, v.shape[1])
+        for k, v in scores.items()
+    }
 
 
 def interpolate(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
@@ -88,7 +104,8 @@ def interpolate(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
 
 def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, steps: int):
     """dm/da for each of `keys`, averaged over `steps` midpoints of the activation path (every
-    node of every layer on its clean-to-corrupted line, one forward and backward per step)."""
+    node of every layer on its clean-to-corrupted line, one forward and backward per step); under
+    the key `FINAL`, the same for the final residual (Run.final)."""
     total = {k: torch.zeros_like(clean[k]) for k in keys}
     for i in range(steps):
         alpha = (i + 0.5) / steps
@@ -96,24 +113,26 @@ def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, step
         with torch.enable_grad():
             run = sp.run(batch.clean, patches)
             metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            grads = sp.grad(
-                metric.sum(), [run.acts[k] for k in keys], len(metric), allow_unused=True
-            )
-        for k, grad in zip(keys, grads, strict=True):
+            inputs = [run.acts[k] for k in keys] + [run.final]
+            grads = sp.grad(metric.sum(), inputs, len(metric), allow_unused=True)
+        for k, grad in zip([*keys, FINAL], grads, strict=True):
             if grad is not None:
-                total[k] += grad.detach()
+                total[k] = total.get(k, 0) + grad.detach()
     return {k: v / steps for k, v in total.items()}
 
 
-def ig_batch(sp: Spliced, batch: Batch, clean, corr, steps: int):
+def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_direct: bool = True):
     """Integrated gradients along the activation path: per key, per-prompt node scores [b, n];
-    one forward and backward per step for every node of every layer."""
+    one forward and backward per step for every node of every layer. `final`: the clean final
+    residual; `exact_direct`: each node's direct part computed exactly (direct.py)."""
     grads = path_gradients(sp, batch, list(clean), clean, corr, steps)
+    g_final = grads.pop(FINAL)
     group_of = sp.group_of
-    return {
+    out = {
         k: reduce_nodes(k, group_of[k], (g * (clean[k] - corr[k])).float())
         for k, g in grads.items()
     }
+    return with_exact_direct(sp, batch, out, clean, corr, final, g_final) if exact_direct else out
 
 
 def node_patch(key: str, group: HookGroup, index: int, value: torch.Tensor) -> Patch:
@@ -264,7 +283,7 @@ def attribute(
                 run = sp.run(batch.clean)
             clean = {k: v.detach() for k, v in run.acts.items()}
             metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            scores = ig_batch(sp, batch, clean, corr, cfg.ig_steps)
+            scores = ig_batch(sp, batch, clean, corr, run.final, cfg.ig_steps)
         else:
             scores, metric, clean = atp_batch(sp, batch, corr)
         m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)

@@ -68,11 +68,13 @@ class Run:
     """One forward pass. `acts`: per key, the node tensor that flowed on (its gradient is the
     node's). Keys: the hook name of plain groups, `<group>:feats` [b, p, d_sae] and
     `<group>:error` [b, p, d] of SAE groups. Cut runs (`leaves` given) also record `raw`: each
-    key's value as computed from the upstream nodes, in the graph to them."""
+    key's value as computed from the upstream nodes, in the graph to them. `final`: the last
+    layer's residual as the final norm reads it [b, p, d] (direct.py), not a node."""
 
     acts: dict[str, torch.Tensor] = field(default_factory=dict)
     raw: dict[str, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
+    final: torch.Tensor | None = None
 
 
 def encode(sae, x: torch.Tensor, bypass_bos: bool) -> torch.Tensor:
@@ -148,9 +150,20 @@ def forward(
         else:
             fn = _plain_hook_fn(g.name, run, patches, leaves, root=g.kind == "embedding")
             hooks.append((g.name, fn))
+
+    def keep_final(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        run.final = act
+        return act
+
+    hooks.append((final_hook(model), keep_final))
     with model.hooks(fwd_hooks=hooks):
         run.logits = model(tokens, return_type="logits")
     return run
+
+
+def final_hook(model) -> str:
+    """The last layer's resid_post: registered after any SAE there, it sees the spliced value."""
+    return hook_name("resid_post", model.cfg.n_layers - 1)
 
 
 @dataclass
