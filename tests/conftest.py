@@ -14,9 +14,9 @@ import pytest
 import yaml
 from helpers.dag import REPO, load_test_config, run_snakemake
 
-# Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs two
+# Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs four
 # workers with --dist loadgroup: the tests that read one run go to one worker, which computes
-# it once; xdist schedules the groups with most tests first, so they start at once.
+# it once.
 SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
 
 
@@ -37,18 +37,29 @@ def pytest_collection_modifyitems(config, items):
                 return i
         if item.nodeid.startswith(LONGEST):
             return len(SHARED_RUNS)
-        return len(SHARED_RUNS) + (1 if item.get_closest_marker("slow") else 2)
+        if groups or item.get_closest_marker("slow"):
+            return len(SHARED_RUNS) + 1
+        return len(SHARED_RUNS) + 2
 
     items.sort(key=rank)  # stable: collection order within a rank
 
 
 def pytest_itemcollected(item):
+    """One xdist group per test (xdist joins several into a new one): a shared run's, else its
+    module's when it uses a module-scoped fixture. A worker computes such a fixture once for
+    the tests it runs, so a module spread over workers computed it on each: the GPU suite at
+    small sizes (150 s) and the memory probes (180 s) ran twice a session."""
     # Marked as each test is collected: xdist reads the groups in its own
     # pytest_collection_modifyitems, which may run before this conftest's.
+    names = getattr(item, "fixturenames", ())
     for fixture, group in SHARED_RUNS.items():
-        if fixture in getattr(item, "fixturenames", ()):
+        if fixture in names:
             item.add_marker(pytest.mark.xdist_group(group))
-            break
+            return
+    defs = getattr(item, "_fixtureinfo", None)
+    defs = defs.name2fixturedefs if defs else {}
+    if any(d and d[-1].scope == "module" for d in (defs.get(n) for n in names)):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
