@@ -39,11 +39,10 @@ def final_metric(model, resid: torch.Tensor, answer: torch.Tensor, distractor: t
     return (y * u).sum(-1) + (model.b_U[answer] - model.b_U[distractor]).float()
 
 
-def writes(sp: Spliced, key: str, group: HookGroup, delta: torch.Tensor):
+def writes(sp: Spliced, key: str, group: HookGroup, last: torch.Tensor):
     """What patching each node of `key` writes into the residual at the last position, given the
-    node tensor's change `delta` (corrupted - clean): (rows, nodes, vectors [n, d]) for the
-    (prompt, node) pairs that move (features: only those active in either run)."""
-    last = delta[:, -1]
+    node tensor's change there `last` (corrupted - clean, [b, ...]): (rows, nodes, vectors
+    [n, d]) for the (prompt, node) pairs that move (features: only those active in either run)."""
     if key.endswith(":feats"):  # [b, d_sae]
         rows, nodes = last.nonzero(as_tuple=True)
         w_dec = sp.saes[group.hook].W_dec
@@ -59,26 +58,22 @@ def writes(sp: Spliced, key: str, group: HookGroup, delta: torch.Tensor):
 
 
 @torch.no_grad()
-def correction(
-    sp: Spliced,
-    batch,
-    key: str,
-    delta: torch.Tensor,
-    final: torch.Tensor,
-    grad: torch.Tensor,
-    n_nodes: int,
-) -> torch.Tensor:
-    """Per prompt and node [b, n_nodes], what turns a fast score's direct part into the exact
-    direct effect: m(x) - m(x + w) + g . w, for each node's write w (writes), with x the clean
-    final residual and g the fast method's gradient there, both at the last position."""
-    group = sp.group_of[key]
-    rows, nodes, w = writes(sp, key, group, delta)
+def with_exact_direct(sp: Spliced, batch, scores: dict, clean: dict, corr: dict, final, grad):
+    """`scores` (per key, [b, n_nodes]) with each node's direct part made exact: plus
+    m(x) - m(x + w) + g . w for each node's write w (writes), with x the clean final residual
+    and g the fast method's gradient there (`final`, `grad` [b, p, d]), at the last position."""
     x, g = final[:, -1], grad[:, -1]
     base = final_metric(sp.model, x, batch.answer, batch.distractor)
-    out = torch.zeros(len(x), n_nodes, device=x.device, dtype=torch.float32)
-    for s in range(0, len(rows), CHUNK):
-        r, n, v = rows[s : s + CHUNK], nodes[s : s + CHUNK], w[s : s + CHUNK]
-        exact = base[r] - final_metric(sp.model, x[r] + v, batch.answer[r], batch.distractor[r])
-        linear = -(g[r].float() * v.float()).sum(-1)
-        out.index_put_((r, n), exact - linear, accumulate=True)
+    group_of = sp.group_of
+    out = {}
+    for key, values in scores.items():
+        last = corr[key][:, -1] - clean[key][:, -1]
+        rows, nodes, w = writes(sp, key, group_of[key], last)
+        fix = torch.zeros_like(values, dtype=torch.float32)
+        for s in range(0, len(rows), CHUNK):
+            r, n, v = rows[s : s + CHUNK], nodes[s : s + CHUNK], w[s : s + CHUNK]
+            moved = final_metric(sp.model, x[r] + v, batch.answer[r], batch.distractor[r])
+            linear = -(g[r].float() * v.float()).sum(-1)
+            fix.index_put_((r, n), base[r] - moved - linear, accumulate=True)
+        out[key] = values + fix
     return out

@@ -74,21 +74,14 @@ def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], exact_di
         inputs = [run.acts[k] for k in keys] + [run.final]
         *grads, g_final = sp.grad(metric.sum(), inputs, len(metric), allow_unused=True)
     clean = {k: v.detach() for k, v in run.acts.items()}
+    group_of = sp.group_of
     out = {}
     for k, grad in zip(keys, grads, strict=True):
         grad = torch.zeros_like(clean[k]) if grad is None else grad
-        out[k] = reduce_nodes(k, sp.group_of[k], (grad * (clean[k] - corr[k])).float()).detach()
+        out[k] = reduce_nodes(k, group_of[k], (grad * (clean[k] - corr[k])).float()).detach()
     if exact_direct:
-        out = with_exact_direct(sp, batch, out, clean, corr, run.final.detach(), g_final)
+        out = direct.with_exact_direct(sp, batch, out, clean, corr, run.final.detach(), g_final)
     return out, metric.detach(), clean
-
-
-def with_exact_direct(sp: Spliced, batch: Batch, scores, clean, corr, final, g_final):
-    """`scores` with each node's direct part replaced by its exact value (direct.correction)."""
-    return {
-        k: v + direct.correction(sp, batch, k, corr[k] - clean[k], final, g_final, v.shape[1])
-        for k, v in scores.items()
-    }
 
 
 def interpolate(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
@@ -132,7 +125,9 @@ def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_di
         k: reduce_nodes(k, group_of[k], (g * (clean[k] - corr[k])).float())
         for k, g in grads.items()
     }
-    return with_exact_direct(sp, batch, out, clean, corr, final, g_final) if exact_direct else out
+    if exact_direct:
+        out = direct.with_exact_direct(sp, batch, out, clean, corr, final, g_final)
+    return out
 
 
 def node_patch(key: str, group: HookGroup, index: int, value: torch.Tensor) -> Patch:
