@@ -252,6 +252,22 @@ def test_edges_are_direct_effects_and_agree_with_exact_direct_paths(tiny):
     validation = circuit_graph.validate_edges(sp, prompts, nodes, edges, cfg)
     assert validation["n_edges"] >= 16 and validation["spearman"] >= 0.8, validation
 
+    # An SAE on every resid_post: its features and error are all that later layers and the
+    # logit read of a layer, so a component (embedding: layer 0's) reaches nothing past its
+    # layer through a direct path. Such pairs are candidates (edge_pairs) but carry no edge,
+    # and no validated edge is one.
+    def unreachable(u: str, d: str) -> bool:
+        up = Node.parse(u)
+        if up.kind not in ("embedding", "head", "mlp"):
+            return False
+        return d == "logit" or Node.parse(d).layer > max(up.layer, 0)
+
+    candidates = circuit_graph.edge_pairs(nodes, cfg.edges)
+    ids = [*nodes["id"], "logit"]
+    assert any(unreachable(ids[i], ids[j if j is not None else -1]) for i, j in candidates)
+    assert not [e for e in edges if unreachable(*e)]
+    assert all(e["exact"] != 0 for e in validation["edges"]), validation["edges"]
+
 
 def _direct_feature_to_head(model, saes, clean, corr, f: Node, head: Node) -> torch.Tensor:
     """Logits of the clean run with head (1, h) recomputed from layer 1's input in which only

@@ -193,8 +193,10 @@ def test_trainer_key_picks_and_refuses():
 def test_stage_quality_matches_saelens_trainer(tiny_acts, tmp_path, architecture):
     """The whole stage with each trainer, the same tokens from the same activations (latents dead
     after 10 silent steps, so AuxK works throughout): explained variance within 0.005 and no more
-    dead latents, on the mean over 3 seeds. Single runs part after ~30 steps (a near tie in a
-    top-k flips on rounding), so their dead fractions differ by a latent or two either way."""
+    dead latents, on the mean over 3 seeds, than one latent's worth of rounding noise. Single
+    runs part after ~30 steps (a near tie in a top-k flips on rounding), so their dead fractions
+    differ by a latent or two either way, and which way depends on the CPU's kernels (on an
+    AVX-512 EPYC the batchtopk means were 0.4557 against 0.4531: two latents over three seeds)."""
     model = tiny_model()
     metrics = {"fast": [], "saelens": []}
     for seed in range(3):
@@ -213,5 +215,6 @@ def test_stage_quality_matches_saelens_trainer(tiny_acts, tmp_path, architecture
     assert mean(ref, "explained_variance") > 0.8
     assert abs(mean(fast, "explained_variance") - mean(ref, "explained_variance")) < 0.005
     assert 0 < mean(ref, "dead_fraction") < 0.9  # the comparison means something
-    assert mean(fast, "dead_fraction") <= mean(ref, "dead_fraction")
+    one_latent = 1 / ref[0]["d_sae"]
+    assert mean(fast, "dead_fraction") <= mean(ref, "dead_fraction") + one_latent
     assert all(m["tokens_trained"] == ref[0]["tokens_trained"] for m in fast + ref)

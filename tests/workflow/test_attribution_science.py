@@ -52,15 +52,18 @@ def test_induction_finds_previous_token_and_induction_heads(outputs):
     # MLPs removes most of the behaviour, so single-node exact effects add up to several times
     # the total, which any additive method (IG, AtP) shares out instead. Integrated gradients
     # along the activation path, with each node's direct effect exact (attribution/direct.py),
-    # still rank them as exact patching does. Measured on the default: heads 0.91 over 8,
-    # features 0.94 over 48, edges 0.99 over 24 (0.89 for features with the direct effect
+    # still rank them as exact patching does. Measured on the default: heads 0.91 and 0.875
+    # over 8, features 0.94 and 0.93 over 48 (0.89 for features with the direct effect
     # estimated too: the last layer's features scored 0.29 of their exact effect; along the
-    # input path with fast scores over all prompts, as before: 0.53, 0.29 and 0.58).
+    # input path with fast scores over all prompts, as before: 0.53, 0.29 and 0.58). Edges:
+    # 0.985 over the 16 pairs of the graph's 12 nodes that have a direct path (the SAEs on
+    # both resid_posts cut the rest; with 8 such pairs at weight 0 and exact 0 counted in, 0.995).
     by_kind = graph["validation"]["by_kind"]
     assert by_kind["head"]["n_nodes"] == 8 and by_kind["head"]["spearman"] >= 0.85
     assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.9
     edges = graph["edge_validation"]
-    assert edges["n_edges"] == 24 and edges["spearman"] >= 0.9
+    assert 12 <= edges["n_edges"] <= 24 and edges["spearman"] >= 0.9, edges
+    assert all(e["exact"] != 0 for e in edges["edges"]), edges
     # The features that matter most lead the fast ranking, where candidates are picked
     # (measured: all 5 of the 5).
     assert recall_of_largest_exact(results, "induction") >= 4
