@@ -71,6 +71,7 @@ def per_node(values: torch.Tensor, index: int) -> torch.Tensor:
     return values[:, index]
 
 
+@torch.no_grad()  # atp_batch and the oracle's gradient turn it back on where they need it
 def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     from circuitflow.attribution import direct
     from circuitflow.attribution import scores as attr
@@ -84,7 +85,6 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     )
     from circuitflow.model.load import load_model
 
-    torch.set_grad_enabled(False)
     out_dir = results / "attribution" / behaviour
     summary = json.loads((out_dir / "summary.json").read_text())
     model = load_model(results / "model", "cpu", "float32")

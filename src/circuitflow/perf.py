@@ -105,7 +105,10 @@ def attribution_passes(
     parts["exact"] = share * (2.0 + exact)  # corrupted and clean forwards, one per node
     # Corrupted forward, the gradients (ig: after a clean forward), one cut forward per node.
     clean = 1.0 if acfg.method == "ig" else 0.0
-    parts["edges"] = share * (1.0 + clean + gradients + acfg.max_graph_nodes)
+    # Bridges (graph.py): at most an error node and `bridge_features` features per SAE.
+    bridges = n_saes * (1 + acfg.bridge_features) if acfg.bridge_features else 0
+    upstream = acfg.max_graph_nodes + bridges
+    parts["edges"] = share * (1.0 + clean + gradients + upstream)
     if acfg.validation_edges:
         # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
         parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)

@@ -297,6 +297,34 @@ def _direct_feature_to_head(model, saes, clean, corr, f: Node, head: Node) -> to
         return model(clean)
 
 
+def test_bridges_are_the_nodes_of_an_sae_the_kept_nodes_cross():
+    """An SAE between kept nodes with none of its own kept gets its error node and its top
+    features by |score| (none scoring 0); an SAE with a kept node, or after the last kept one,
+    gets none; bridge_features 0 adds none."""
+    import pandas as pd
+
+    rows = [  # kind, order, score
+        ("embedding", -1.0, 5.0),
+        ("head", 0.1, 4.0),
+        ("feature", 0.5, 0.3),  # the layer-0 SAE: many small features
+        ("feature", 0.5, -0.5),
+        ("feature", 0.5, 0.0),
+        ("feature", 0.5, 0.2),
+        ("error", 0.5, 0.1),
+        ("head", 1.1, 4.0),
+        ("feature", 1.5, 3.0),  # the layer-1 SAE: a feature is kept
+        ("error", 1.5, 0.05),
+        ("feature", 2.5, 0.4),  # an SAE after every kept node
+        ("error", 2.5, 0.3),
+    ]
+    frame = pd.DataFrame(rows, columns=["kind", "order", "score"])
+    keep = circuit_graph.cumulative_keep(frame["score"].to_numpy(), 0.8)
+    assert sorted(keep.tolist()) == [0, 1, 7, 8]
+    assert sorted(circuit_graph.bridge_rows(frame, keep, 2).tolist()) == [2, 3, 6]
+    assert sorted(circuit_graph.bridge_rows(frame, keep, 9).tolist()) == [2, 3, 5, 6]
+    assert circuit_graph.bridge_rows(frame, keep, 0).tolist() == []
+
+
 def test_cumulative_keep():
     values = np.array([0.1, -5.0, 3.0, 1.0, 0.9])
     assert sorted(circuit_graph.cumulative_keep(values, 0.8).tolist()) == [1, 2]
@@ -331,9 +359,16 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     counted = scored.scores.spliced.counter.summary(len(prompts))["forward_equivalents_by_part"]
     n_nodes = sum(node["id"] != "logit" for node in graph["nodes"])
     planned = perf.attribution_passes(
-        model.cfg, len(saes), replace(cfg, max_graph_nodes=n_nodes), len(prompts), D_SAE
+        model.cfg,
+        len(saes),
+        replace(cfg, max_graph_nodes=n_nodes, bridge_features=0),
+        len(prompts),
+        D_SAE,
     )
     assert set(counted) == set(planned)
+    # With the bridges left to the planner, it plans for as many as every SAE could add.
+    bound = perf.attribution_passes(model.cfg, len(saes), cfg, len(prompts), D_SAE)["edges"]
+    assert counted["edges"] <= bound
     for part in (method, "exact", "edges"):
         assert counted[part] == pytest.approx(planned[part]), part
     share = cfg.validation_prompts / len(prompts)

@@ -64,6 +64,18 @@ def test_induction_finds_previous_token_and_induction_heads(outputs):
     edges = graph["edge_validation"]
     assert 12 <= edges["n_edges"] <= 24 and edges["spearman"] >= 0.9, edges
     assert all(e["exact"] != 0 for e in edges["edges"]), edges
+    # The graph holds the composition: the previous-token head reaches the induction head
+    # through the layer-0 SAE, whose many small token features none make the cut on their own
+    # (bridges, graph.py); without them the two heads had no path between them in graph.json.
+    # Each token's feature carries a little of it (measured 0.06-0.18 a link), so the default
+    # edge threshold keeps the bridges' links into the induction head and the page shows the
+    # rest when the threshold is raised.
+    computed = {(e["source"], e["target"]) for e in graph["computed_edges"]}
+    kept = {(e["source"], e["target"]) for e in graph["edges"]}
+    bridges = {n["id"] for n in graph["nodes"] if n["bridge"]}
+    prev_id, ind_id = (f"head.{layer}.{head}" for layer, head in (prev_head, ind_head))
+    assert {b for b in bridges if (prev_id, b) in computed and (b, ind_id) in computed}, computed
+    assert {b for b in bridges if (b, ind_id) in kept}, kept
     # The features that matter most lead the fast ranking, where candidates are picked
     # (measured: all 5 of the 5).
     assert recall_of_largest_exact(results, "induction") >= 4

@@ -26,6 +26,7 @@ class AttributionConfig:
     node_threshold: float = 0.8  # cumulative |score| share of nodes kept in the graph
     edge_threshold: float = 0.98  # cumulative |weight| share of edges kept
     max_graph_nodes: int = 40
+    bridge_features: int = 3  # per SAE the kept nodes' paths cross with none of its nodes kept
     edges: str = "adjacent"  # adjacent (same and previous layer) | all (every earlier node)
     context_features: int = 8  # top features per SAE that get activating contexts
     n_contexts: int = 8

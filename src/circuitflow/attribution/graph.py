@@ -25,7 +25,11 @@ metric drops). `edge_validation` is the rank agreement of the two on the top edg
 
 Pruning follows circuit-tracer's cumulative rule: nodes by |score| until `node_threshold` of the
 total |score| is covered (at most `max_graph_nodes`), then edges by |weight| until
-`edge_threshold` of the total |weight| is covered. `page.py` draws the graph as HTML.
+`edge_threshold` of the total |weight| is covered. An SAE between kept nodes with none of its
+own kept would cut every path across it (its features and error are the only direct route), so
+its error node and top `bridge_features` features join as bridges: on the embedded induction
+circuit the previous-token heads otherwise had no path to the induction head, whose keys they
+feed through the layer-0 SAE's many small token features. `page.py` draws the graph as HTML.
 """
 
 from __future__ import annotations
@@ -58,10 +62,34 @@ def cumulative_keep(values: np.ndarray, share: float, cap: int | None = None) ->
 
 
 def select_nodes(frame: pd.DataFrame, cfg: AttributionConfig) -> pd.DataFrame:
+    """The graph's nodes: the top by cumulative |score|, then the bridges (`bridge` column)."""
     keep = cumulative_keep(frame["score"].to_numpy(), cfg.node_threshold, cfg.max_graph_nodes)
-    nodes = frame.iloc[np.sort(keep)].copy()
+    bridges = bridge_rows(frame, keep, cfg.bridge_features)
+    nodes = frame.iloc[np.sort(np.concatenate([keep, bridges]))].copy()
+    nodes["bridge"] = nodes.index.isin(frame.index[bridges])
     nodes["id"] = [Node.of(r.kind, r.layer, r.index, r.site).id for r in nodes.itertuples()]
     return nodes.sort_values("order", kind="stable").reset_index(drop=True)
+
+
+def bridge_rows(frame: pd.DataFrame, keep: np.ndarray, n_features: int) -> np.ndarray:
+    """Positions in `frame` of the bridges: for each SAE whose hook lies strictly between the
+    kept nodes (`keep`, positions) and has none of its nodes kept, its error node and its top
+    `n_features` features by |score| (non-zero). None when `n_features` is 0."""
+    if not n_features or not len(keep):
+        return np.array([], dtype=int)
+    kept = frame.iloc[keep]
+    lo, hi = kept["order"].min(), kept["order"].max()
+    sae = frame["kind"].isin(["feature", "error"]).to_numpy()
+    out = []
+    for order in np.unique(frame.loc[sae, "order"]):
+        if not lo < order < hi or (kept["order"] == order).any():
+            continue
+        rows = np.flatnonzero(sae & (frame["order"] == order).to_numpy())
+        kinds, mags = frame["kind"].to_numpy()[rows], frame["score"].abs().to_numpy()[rows]
+        feats = rows[(kinds == "feature") & (mags > 0)]
+        top = feats[np.argsort(-frame["score"].abs().to_numpy()[feats], kind="stable")]
+        out += [*rows[kinds == "error"], *top[:n_features]]
+    return np.array(out, dtype=int)
 
 
 def _upstream_ok(u, d, mode: str) -> bool:
@@ -268,6 +296,7 @@ def build_graph(
             "site": r["site"],
             "score": float(r["score"]),
             "score_source": r["score_source"],
+            "bridge": bool(r["bridge"]),
         }
         for _, r in nodes.iterrows()
     ]
@@ -281,6 +310,7 @@ def build_graph(
             "site": None,
             "score": total,
             "score_source": "metric",
+            "bridge": False,
         }
     )
     all_edges = [(u, d, w) for (u, d), w in edges.items()]
@@ -298,6 +328,7 @@ def build_graph(
             "node_threshold": cfg.node_threshold,
             "edge_threshold": cfg.edge_threshold,
             "max_graph_nodes": cfg.max_graph_nodes,
+            "bridge_features": cfg.bridge_features,
             "edges": cfg.edges,
         },
         "n_edges_computed": len(all_edges),

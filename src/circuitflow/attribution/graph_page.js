@@ -68,11 +68,13 @@
   }
 
   // Nodes by |score| as a share of every scored node's |score| (the stage's rule, so the default
-  // shows graph.json's nodes); then edges among them by |weight| as a share of theirs.
+  // shows graph.json's nodes), and the bridges (graph.py: an SAE's nodes that carry the paths
+  // across it); then edges among them by |weight| as a share of theirs.
   function prune(nodeShare, edgeShare) {
-    const kept = cumulativeKeep(inner, (n) => n.score, nodeShare, scoreTotal);
+    const ranked = inner.filter((n) => !n.bridge);
+    const kept = cumulativeKeep(ranked, (n) => n.score, nodeShare, scoreTotal);
     const ids = new Set(kept.map((n) => n.id));
-    nodes.forEach((n) => n.kind === "logit" && ids.add(n.id));
+    nodes.forEach((n) => (n.kind === "logit" || n.bridge) && ids.add(n.id));
     const among = edges.filter((e) => ids.has(e.source) && ids.has(e.target));
     const total = among.reduce((s, e) => s + Math.abs(e.weight), 0);
     const keptEdges = cumulativeKeep(among, (e) => e.weight, edgeShare, total);
@@ -287,10 +289,12 @@
     for (const n of state.vis.nodes) {
       const p = pos.get(n.id);
       const g = svgEl("g", { class: "node", "data-id": n.id });
-      g.append(svgEl("circle", {
+      const circle = svgEl("circle", {
         cx: p.x.toFixed(1), cy: p.y.toFixed(1), r: p.r.toFixed(1),
         fill: DATA.colours[n.kind], stroke: signColour(n.score),
-      }));
+      });
+      if (n.bridge) circle.setAttribute("stroke-dasharray", "3 2");
+      g.append(circle);
       const label = svgEl("text", { x: p.x.toFixed(1), y: (p.y - p.r - 4).toFixed(1) });
       label.textContent = n.label;
       g.append(label);
@@ -450,6 +454,10 @@
       el("p", { textContent: where(n) }),
       el("p", { textContent: `score ${fmt(n.score)}: ${sourceText(n.score_source)}` }),
     ];
+    if (n.bridge) {
+      parts.push(el("p", { textContent: "bridge: kept because paths between the graph's " +
+        "nodes cross its SAE, none of whose nodes made the cut on its own" }));
+    }
     if (n.kind === "logit") {
       parts.push(el("p", { textContent: `logit difference clean ${fmt(DATA.metric_clean)}, ` +
         `corrupted ${fmt(DATA.metric_corrupted)}` }));
@@ -522,6 +530,12 @@
       const s = svgEl("svg", { width: 14, height: 14 });
       s.append(svgEl("circle", { cx: 7, cy: 7, r: 6, fill: DATA.colours[kind] }));
       items.push(el("span", { className: "item" }, [s, " " + kind]));
+    }
+    if (nodes.some((n) => n.bridge)) {
+      const s = svgEl("svg", { width: 14, height: 14 });
+      s.append(svgEl("circle", { cx: 7, cy: 7, r: 5, fill: "#fff", stroke: "#555",
+        "stroke-width": 2, "stroke-dasharray": "3 2" }));
+      items.push(el("span", { className: "item" }, [s, " bridge (an SAE's paths across)"]));
     }
     for (const [colour, text] of [[POS, "helps the answer (+)"], [NEG, "hurts it (−)"]]) {
       const s = svgEl("svg", { width: 30, height: 14 });

@@ -57,7 +57,7 @@ def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
             "order": node.order,
         }
     keys = ("id", "kind", "layer", "index", "site", "score", "score_source")
-    return {k: n.get(k) for k in keys} | extra
+    return {k: n.get(k) for k in keys} | {"bridge": bool(n.get("bridge"))} | extra
 
 
 def _split_context(text: str, token: str) -> dict[str, str]:
