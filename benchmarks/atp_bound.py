@@ -12,9 +12,11 @@ prompts the attribution stage patched exactly, of:
   g_frozen the gradient with every pattern held constant;
 * `atp_qk_oracle_direct`: the same with each node's direct effect exact, as the stage does.
 
-A method this side of the oracle (a QK fix, GradDrop) ranks no better than the oracle does. The
-exact reference is recomputed here on the same prompts, and printed next to the stage's
-`score_exact` as a check. Usage (after `snakemake`, on the embedded default):
+Nodes that cannot move the metric (a pruned head: every method gives exactly 0) are left out,
+as the stage's validation leaves them out. A method this side of the oracle (a QK fix,
+GradDrop) ranks no better than the oracle does. The exact reference is recomputed here on the
+same prompts, and printed next to the stage's `score_exact` as a check. Usage (after
+`snakemake`, on the embedded default):
 
     python benchmarks/atp_bound.py --results results --behaviour induction
 """
@@ -156,6 +158,9 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
         [exact_rows(tables[kind], kind)["score_exact"].to_numpy() for kind in nodes]
     )
     kinds = np.array([kind for kind in nodes for _ in nodes[kind]])
+    # Nodes that cannot move the metric (pruned heads): every method and exact patching give
+    # exactly 0; left out as the stage's validation leaves them out (scores.inert).
+    still = np.logical_and.reduce([attr.inert(means[name], means["exact"]) for name in names])
     report = {
         "results": str(results),
         "behaviour": behaviour,
@@ -164,7 +169,7 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
         "spearman": {},
     }
     for kind in nodes:
-        mask = kinds == kind
+        mask = (kinds == kind) & ~still
         report["spearman"][kind] = {
             "n_nodes": int(mask.sum()),
             **{

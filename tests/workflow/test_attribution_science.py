@@ -52,15 +52,25 @@ def test_induction_finds_previous_token_and_induction_heads(outputs):
     # MLPs removes most of the behaviour, so single-node exact effects add up to several times
     # the total, which any additive method (IG, AtP) shares out instead. Integrated gradients
     # along the activation path, with each node's direct effect exact (attribution/direct.py),
-    # still rank them as exact patching does. Measured on the default: heads 0.91 and 0.875
-    # over 8, features 0.94 and 0.93 over 48 (0.89 for features with the direct effect
-    # estimated too: the last layer's features scored 0.29 of their exact effect; along the
-    # input path with fast scores over all prompts, as before: 0.53, 0.29 and 0.58). Edges:
-    # 0.985 over the 16 pairs of the graph's 12 nodes that have a direct path (the SAEs on
-    # both resid_posts cut the rest; with 8 such pairs at weight 0 and exact 0 counted in, 0.995).
-    by_kind = graph["validation"]["by_kind"]
-    assert by_kind["head"]["n_nodes"] == 8 and by_kind["head"]["spearman"] >= 0.85
-    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.9
+    # still rank features as exact patching does: measured 0.94 and 0.93 over 48 on the
+    # default (0.89 with the direct effect estimated too: the last layer's features scored
+    # 0.29 of their exact effect; along the input path with fast scores over all prompts, as
+    # before, 0.29), and all 56 nodes that can move the metric at 0.94. The three live heads
+    # are the AND's parts themselves: exact patching charges each with the whole (9.9, 6.6 and
+    # 6.6 against a total of 6.5) where IG shares it out, so IG need not order them as exact
+    # does (-1.0 over the 3 on one training of the default, 1.0 with seed 1; the heads table
+    # ranks them by their exact scores). The 5 pruned heads are inert: counted in as ties at
+    # 0, they had made it 0.875 over 8. Edges: 0.985 over the 16 pairs of the graph's 12 score
+    # nodes that have a direct path (the SAEs on both resid_posts cut the rest; with 8 such
+    # pairs at weight 0 and exact 0 counted in, 0.995), 0.92 over 24 with the bridges.
+    val = graph["validation"]
+    by_kind = val["by_kind"]
+    live = live_heads(model)
+    assert by_kind["head"]["n_nodes"] == len(live) == 3, (by_kind["head"], live)
+    assert by_kind["head"]["n_inert"] == model.cfg.n_layers * model.cfg.n_heads - len(live)
+    feats = by_kind["feature"]
+    assert feats["n_nodes"] + feats["n_inert"] == 48 and feats["spearman"] >= 0.9, feats
+    assert val["n_nodes"] >= 50 and val["spearman"] >= 0.9, val
     edges = graph["edge_validation"]
     assert 12 <= edges["n_edges"] <= 24 and edges["spearman"] >= 0.9, edges
     assert all(e["exact"] != 0 for e in edges["edges"]), edges
@@ -82,6 +92,16 @@ def test_induction_finds_previous_token_and_induction_heads(outputs):
     check_graph_schema(graph)
 
 
+def live_heads(model) -> list[tuple[int, int]]:
+    """The heads the embedded model kept: the rest were pruned (W_O set to 0)."""
+    return [
+        (layer, head)
+        for layer, block in enumerate(model.blocks)
+        for head in range(model.cfg.n_heads)
+        if block.attn.W_O[head].abs().sum() > 0
+    ]
+
+
 def recall_of_largest_exact(results, behaviour: str, n: int = 5, top: int = 10) -> int:
     """How many of the n validated features with the largest |exact effect| are among the top
     features by |fast score| over every feature."""
@@ -97,13 +117,15 @@ def recall_of_largest_exact(results, behaviour: str, n: int = 5, top: int = 10) 
 
 def test_facts_fast_scores_nodes_and_edges_as_exact_patching_does(outputs):
     """Facts is additive (embedding -> MLPs): the fast method agrees with exact patching kind by
-    kind and edge by edge. Measured on the default: features 0.99 over 48, heads 1.0, edges
-    0.95 over 24."""
-    results, _ = outputs
+    kind and edge by edge. Measured on the default: features 0.99 over 48, heads 1.0 over the
+    3 live ones, edges 0.95 over 24."""
+    results, model = outputs
     graph = read(results, "facts")[2]
     by_kind = graph["validation"]["by_kind"]
-    assert by_kind["feature"]["n_nodes"] == 48 and by_kind["feature"]["spearman"] >= 0.95
-    assert by_kind["head"]["n_nodes"] == 8 and by_kind["head"]["spearman"] >= 0.9
+    feats = by_kind["feature"]
+    assert feats["n_nodes"] + feats["n_inert"] == 48 and feats["spearman"] >= 0.95, feats
+    assert by_kind["head"]["n_nodes"] == len(live_heads(model))
+    assert by_kind["head"]["spearman"] >= 0.9
     edges = graph["edge_validation"]
     assert edges["n_edges"] == 24 and edges["spearman"] >= 0.9
     assert recall_of_largest_exact(results, "facts") >= 4
