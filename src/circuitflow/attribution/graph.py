@@ -77,18 +77,19 @@ def bridge_rows(frame: pd.DataFrame, keep: np.ndarray, n_features: int) -> np.nd
     `n_features` features by |score| (non-zero). None when `n_features` is 0."""
     if not n_features or not len(keep):
         return np.array([], dtype=int)
-    kept = frame.iloc[keep]
-    lo, hi = kept["order"].min(), kept["order"].max()
-    sae = frame["kind"].isin(["feature", "error"]).to_numpy()
+    kinds, orders = frame["kind"].to_numpy(), frame["order"].to_numpy()
+    mags = frame["score"].abs().to_numpy()
+    kept_orders = set(orders[keep])
+    lo, hi = min(kept_orders), max(kept_orders)
+    sae = (kinds == "feature") | (kinds == "error")
     out = []
-    for order in np.unique(frame.loc[sae, "order"]):
-        if not lo < order < hi or (kept["order"] == order).any():
+    for order in np.unique(orders[sae]):
+        if not lo < order < hi or order in kept_orders:
             continue
-        rows = np.flatnonzero(sae & (frame["order"] == order).to_numpy())
-        kinds, mags = frame["kind"].to_numpy()[rows], frame["score"].abs().to_numpy()[rows]
-        feats = rows[(kinds == "feature") & (mags > 0)]
-        top = feats[np.argsort(-frame["score"].abs().to_numpy()[feats], kind="stable")]
-        out += [*rows[kinds == "error"], *top[:n_features]]
+        rows = np.flatnonzero(sae & (orders == order))
+        feats = rows[(kinds[rows] == "feature") & (mags[rows] > 0)]
+        top = feats[np.argsort(-mags[feats], kind="stable")]
+        out += [*rows[kinds[rows] == "error"], *top[:n_features]]
     return np.array(out, dtype=int)
 
 
