@@ -111,8 +111,9 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     for batch in iter_batches(prompts, batch_size, "cpu"):
         corr = sp.acts(batch.corrupted)
         plain, metric, clean = attr.atp_batch(sp, batch, corr, exact_direct=False)
-        stage, _, _ = attr.atp_batch(sp, batch, corr, exact_direct=True)
-        # The gradient with every attention pattern held constant, and each pattern's own.
+        # The gradient with every attention pattern held constant, and each pattern's own. The
+        # final residual lies after every pattern: its value and gradient are the clean run's,
+        # so they also give the stage's atp (plain AtP, direct effects exact) without its pass.
         clean_a: dict[int, torch.Tensor] = {}
         with torch.enable_grad(), model.hooks(fwd_hooks=pattern_hooks(model, clean_a, frozen=True)):
             run = sp.run(batch.clean)
@@ -128,9 +129,9 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
             )
             for k, g in zip(keys, g_nodes, strict=True)
         }
-        frozen_direct = direct.with_exact_direct(
-            sp, batch, frozen, clean, corr, run.final.detach(), g_final
-        )
+        final = run.final.detach()
+        stage = direct.with_exact_direct(sp, batch, plain, clean, corr, final, g_final)
+        frozen_direct = direct.with_exact_direct(sp, batch, frozen, clean, corr, final, g_final)
         for key, index in every:
             patched_a: dict[int, torch.Tensor] = {}
             with model.hooks(fwd_hooks=pattern_hooks(model, patched_a, frozen=False)):
@@ -160,7 +161,7 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     kinds = np.array([kind for kind in nodes for _ in nodes[kind]])
     # Nodes that cannot move the metric (pruned heads): every method and exact patching give
     # exactly 0; left out as the stage's validation leaves them out (scores.inert).
-    still = np.logical_and.reduce([attr.inert(means[name], means["exact"]) for name in names])
+    still = np.logical_and.reduce([attr.inert(means[name], means["exact"]) for name in names[1:]])
     report = {
         "results": str(results),
         "behaviour": behaviour,
