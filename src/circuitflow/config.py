@@ -12,6 +12,8 @@ import copy
 import json
 import math
 import re
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,17 +152,103 @@ def model_n_layers(config: dict) -> int:
     if n_layers is None:
         raise ConfigError(
             f"model.n_layers: cannot read the layer count of {name!r} offline; "
-            "run `snakemake prefetch_model` on a machine with internet or set model.n_layers"
+            "run `snakemake prefetch_model --configfile <your config>` on a machine with "
+            "internet or set model.n_layers"
         )
     return n_layers
 
 
-def check_behaviours(config: dict, base_dir: Path) -> None:
-    from circuitflow.prompts import SOURCES, allowed_sources
+def _sets(data: Any, keys: tuple[str, ...]) -> bool:
+    """`data` (a config as a file or --config gives it) holds a value at `keys`."""
+    for key in keys:
+        if not isinstance(data, Mapping) or key not in data:
+            return False
+        data = data[key]
+    return data is not None
+
+
+def path_origin(
+    keys: tuple[str, ...],
+    base_dir: Path,
+    config_files: Sequence[Path | str] = (),
+    overrides: Mapping | None = None,
+) -> tuple[Path, str]:
+    """The folder a relative path at config key `keys` resolves against, and those words for
+    an error: the folder of the last config file that sets the key (later files override earlier
+    ones, as Snakemake merges them); `base_dir` (the working directory) when the value comes
+    from a --config override on the command line or from no file."""
+    if _sets(overrides, keys):
+        return base_dir, f"the working directory {base_dir} (the value is from --config)"
+    for file in reversed([Path(f).absolute() for f in config_files]):
+        try:
+            data = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError):
+            continue  # Snakemake read it already; a file it could not read set nothing
+        if _sets(data, keys):
+            return file.parent, f"the folder of config file {file}"
+    return base_dir, f"the working directory {base_dir}"
+
+
+def offline_tokenizer(config: dict):
+    """The configured model's tokenizer when it can be had here without the network: the
+    embedded model's word-level tokenizer (built from `embedded.language`, as the model stage
+    builds it), a local model directory's, or a hub model's already in the Hugging Face cache.
+    None otherwise: the prompts job then checks the answers' tokens."""
+    if is_embedded(config):
+        from circuitflow.model.language import LanguageConfig, SyntheticLanguage
+
+        lang = LanguageConfig(**config["embedded"]["language"], seed=config["seed"])
+        return SyntheticLanguage(lang).tokenizer
+    from transformers import AutoTokenizer
+
+    model = config["model"]
+    if Path(model["name"]).exists():
+        names, options = [model["name"]], {}
+    else:
+        # The hub name as written, then TransformerLens's official name for an alias such as
+        # gpt2-small, only where TransformerLens is imported already (model_n_layers did):
+        # importing it takes seconds, and the ready configs set model.n_layers to avoid that.
+        names = [model["name"]]
+        if "transformer_lens" in sys.modules:
+            from circuitflow.model.load import official_model_name
+
+            names.append(official_model_name(model["name"]))
+        cache = model.get("hf_cache")  # prefetch sets HF_HOME to it: its hub/ is the cache
+        options = {"local_files_only": True}
+        options["cache_dir"] = Path(cache).expanduser() / "hub" if cache else None
+    for name in dict.fromkeys(names):
+        try:
+            return AutoTokenizer.from_pretrained(name, **options)
+        except Exception:  # noqa: BLE001, S112 - not here offline, or unreadable: the job checks
+            continue
+    return None
+
+
+def check_behaviours(
+    config: dict,
+    base_dir: Path,
+    config_files: Sequence[Path | str] = (),
+    overrides: Mapping | None = None,
+) -> None:
+    """Behaviour sources against the model kind, and each `source: file` behaviour's file read
+    as the prompts stage reads it: its `path` made absolute in `config` (a relative one against
+    `path_origin`), then its columns, empty cells and row count and, where the model's tokenizer
+    is at hand offline (`offline_tokenizer`), the prompts built from it (single-token answers
+    and distractors, corrupted twins). Every error names the key and the file as resolved."""
+    from circuitflow.prompts import (
+        PROMPT_FILE_SUFFIXES,
+        SOURCES,
+        Encoder,
+        allowed_sources,
+        behaviour_rng,
+        file_prompts,
+        read_prompt_file,
+    )
 
     embedded = is_embedded(config)
     allowed = allowed_sources(embedded)
     kind = "the embedded model" if embedded else "a real model"
+    encoders: list = []  # the model's Encoder, or None where offline there is none: built once
     for name, spec in config["behaviours"].items():
         key = f"behaviours.{name}"
         source = spec["source"]
@@ -169,18 +257,36 @@ def check_behaviours(config: dict, base_dir: Path) -> None:
                 f"{key}.source: {source!r} does not work with {kind}; allowed values: "
                 + ", ".join(allowed)
             )
-        if SOURCES[source].needs_path:
-            if "path" not in spec:
-                raise ConfigError(f"{key}.path: required when source is 'file'")
-            path = Path(spec["path"])
-            if not path.is_absolute():
-                path = base_dir / path
-            if not path.is_file():
-                raise ConfigError(f"{key}.path: file {spec['path']} does not exist")
-            if path.suffix.lower() not in (".csv", ".jsonl", ".json"):
-                raise ConfigError(f"{key}.path: {spec['path']} must be .csv or .jsonl")
-        elif "path" in spec:
-            raise ConfigError(f"{key}.path: only used with source 'file', not {source!r}")
+        if not SOURCES[source].needs_path:
+            if "path" in spec:
+                raise ConfigError(f"{key}.path: only used with source 'file', not {source!r}")
+            continue
+        if "path" not in spec:
+            raise ConfigError(f"{key}.path: required when source is 'file'")
+        path, where = Path(spec["path"]).expanduser(), ""
+        if not path.is_absolute():
+            folder, how = path_origin(
+                ("behaviours", name, "path"), base_dir, config_files, overrides
+            )
+            path = (folder / path).absolute()
+            where = f" ({spec['path']!r} resolved against {how})"
+        if not path.is_file():
+            raise ConfigError(f"{key}.path: file {path} does not exist{where}")
+        if path.suffix.lower() not in PROMPT_FILE_SUFFIXES:
+            raise ConfigError(f"{key}.path: {path} must be .csv or .jsonl")
+        spec["path"] = str(path)  # jobs run elsewhere, on this resolved config
+        n, n_key = spec["n_prompts"], f"{key}.n_prompts"
+        try:
+            if not encoders:
+                tokenizer = offline_tokenizer(config)
+                encoders.append(Encoder(tokenizer) if tokenizer is not None else None)
+            if encoders[0] is None:
+                read_prompt_file(path, n, n_key=n_key)
+            else:  # the prompts job's own work (its rng too), output discarded: milliseconds
+                rng = behaviour_rng(config["seed"], name)
+                file_prompts(path, encoders[0], rng, n, n_key=n_key)
+        except ConfigError as err:
+            raise ConfigError(f"{key}.path: {err}") from None
 
 
 def auto_active_heads(n_layers: int, n_heads: int) -> list[int]:
@@ -281,15 +387,26 @@ def check_cross_fields(config: dict) -> None:
             )
 
 
-def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA_PATH) -> dict:
-    """Validate `config` and return it with defaults filled and `layers` as a list of ints."""
+def resolve(
+    config: dict,
+    base_dir: Path | str = ".",
+    schema_path: Path = SCHEMA_PATH,
+    *,
+    config_files: Sequence[Path | str] = (),
+    overrides: Mapping | None = None,
+) -> dict:
+    """Validate `config` and return it with defaults filled, `layers` as a list of ints and
+    each prompt file's `path` absolute. `config_files` (in the order they were merged) and
+    `overrides` (the command line's --config) say where each value came from: a relative path
+    resolves against the folder of the config file that set it, else against `base_dir` (the
+    working directory)."""
     config = copy.deepcopy(config)
     validate_schema(config, schema_path)
     if is_embedded(config):
         check_embedded(config)
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
-    check_behaviours(config, Path(base_dir))
+    check_behaviours(config, Path(base_dir).absolute(), config_files, overrides)
     check_cross_fields(config)
     if not is_embedded(config) and not config["capture"]["corpus"]:
         raise ConfigError(
@@ -301,14 +418,15 @@ def resolve(config: dict, base_dir: Path | str = ".", schema_path: Path = SCHEMA
 
 def load(source: str | Path, base_dir: Path | str = ".") -> dict:
     """Config for a stage script: a JSON string is the resolved section a rule passes; a path is a
-    user's YAML/JSON config file, validated and resolved here."""
+    user's YAML/JSON config file, validated and resolved here (relative prompt file paths
+    against the file's folder)."""
     text = str(source)
     if text.lstrip().startswith("{"):
         return json.loads(text)
     path = Path(text)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    return resolve(yaml.safe_load(path.read_text()) or {}, base_dir)
+    return resolve(yaml.safe_load(path.read_text()) or {}, base_dir, config_files=[path])
 
 
 def section(config: dict, *keys: str) -> dict:

@@ -114,7 +114,31 @@ class Encoder:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
+    def one(self, text: str, what: str) -> int:
+        """The id of `text`, which must be exactly one known token; otherwise a ConfigError that
+        says what `text` is (`what`, e.g. "row 3: answer"), how many tokens it makes and which."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1 and not self._unknown(ids[0], text):
+            return ids[0]
+        if not ids:
+            why = "encodes to no tokens"
+        elif len(ids) == 1:
+            why = f"is not in the model's vocabulary (it encodes to {self.tokenizer.unk_token!r})"
+        else:
+            pieces = " + ".join(repr(self.tokenizer.decode([i])) for i in ids)
+            why = f"is {len(ids)} tokens ({pieces})"
+        raise ConfigError(f"{what} {text!r} {why}; it must be one token of the model's tokenizer")
+
+    def _unknown(self, token_id: int, text: str) -> bool:
+        """`token_id` is the tokenizer's unknown token, and `text` is not that token's own
+        spelling (GPT-2's unk_token is <|endoftext|>, which no ordinary text encodes to)."""
+        unk = self.tokenizer.unk_token_id
+        return unk is not None and token_id == unk and text.strip() != self.tokenizer.unk_token
+
     def first(self, text: str) -> int:
+        """The first token of `text`. Only factual_recall uses it, on purpose: a capital that
+        splits into pieces (' Stockholm') is scored on its first piece, the model's next token.
+        User files do not get this: `one` refuses a multi-token answer."""
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise ValueError(f"{text!r} encodes to no tokens")
@@ -205,25 +229,104 @@ def factual_recall_prompts(encoder: Encoder, rng, n: int) -> pd.DataFrame:
     return _rows(clean, corrupted, answers, distractors, encoder)
 
 
-def read_prompt_file(path: Path) -> pd.DataFrame:
+PROMPT_FILE_COLUMNS = ("prompt", "answer", "distractor")  # required; corrupted_prompt optional
+PROMPT_FILE_SUFFIXES = (".csv", ".jsonl", ".json")  # .json is read as JSON Lines too
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """The file's rows as strings, in file order ("" for an empty CSV cell, None for a JSON
+    null or a key a line lacks): CSV with a header line, or JSON Lines (one object a line,
+    blank lines skipped)."""
     if path.suffix.lower() == ".csv":
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    else:
-        frame = pd.read_json(path, lines=True, dtype=str)
-    missing = {"prompt", "answer", "distractor"} - set(frame.columns)
+        try:
+            # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the header.
+            return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+        except pd.errors.EmptyDataError:
+            return pd.DataFrame()
+        except (pd.errors.ParserError, UnicodeDecodeError) as err:
+            detail = " ".join(str(err).split())
+            raise ConfigError(f"{path}: not a readable CSV file ({detail})") from None
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a readable JSON Lines file ({err})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: line {number} is not JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ConfigError(
+                f"{path}: line {number} is not a JSON object; a JSON Lines prompt file holds "
+                'one object a line, like {"prompt": ..., "answer": ..., "distractor": ...}'
+            )
+        # As pandas' dtype=str reads them: a number or boolean becomes its text.
+        records.append(
+            {k: v if v is None or isinstance(v, str) else str(v) for k, v in record.items()}
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def read_prompt_file(path: Path, n: int | None = None, *, n_key: str | None = None) -> pd.DataFrame:
+    """The rows of a user's prompt file a behaviour uses, as strings: the first `n` (every row
+    when None). The validation before any job and the prompts stage both read through here.
+
+    Refused with a ConfigError naming the file: unreadable, a required column missing, no rows,
+    an empty or missing cell of prompt, answer or distractor in the rows used (its row and
+    column named; row 1 is the first prompt, the CSV header not counted), and, when `n_key`
+    names the config key asking for `n`, fewer than `n` rows. An empty corrupted_prompt means
+    "borrow one" (see `file_prompts`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file does not exist")
+    frame = _read_table(path)
+    if frame.empty and not len(frame.columns):
+        raise ConfigError(f"{path}: holds no prompts (the file is empty)")
+    missing = [c for c in PROMPT_FILE_COLUMNS if c not in frame.columns]
     if missing:
-        raise ConfigError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+        has = ", ".join(map(str, frame.columns)) or "none"
+        raise ConfigError(
+            f"{path}: missing column(s) {', '.join(missing)} (columns found: {has}); a prompt "
+            "file needs prompt, answer and distractor"
+        )
+    if frame.empty:
+        raise ConfigError(f"{path}: holds no prompts (only a header)")
+    if n_key is not None and n is not None and len(frame) < n:
+        raise ConfigError(
+            f"{path}: holds {len(frame)} prompt row{'s' * (len(frame) != 1)} but {n_key} asks "
+            f"for {n}; add rows or set {n_key} to at most {len(frame)}"
+        )
+    frame = frame.head(n) if n is not None else frame
+    columns = [*PROMPT_FILE_COLUMNS] + (["corrupted_prompt"] if "corrupted_prompt" in frame else [])
+    frame = frame[columns].reset_index(drop=True)
+    if "corrupted_prompt" in frame:
+        frame["corrupted_prompt"] = frame["corrupted_prompt"].fillna("")
+    for i, row in enumerate(frame[list(PROMPT_FILE_COLUMNS)].itertuples(index=False)):
+        for column, value in zip(PROMPT_FILE_COLUMNS, row, strict=True):
+            if value is None or (isinstance(value, float) and np.isnan(value)) or value == "":
+                raise ConfigError(f"{path}: row {i + 1}: {column} is empty")
     return frame
 
 
-def file_prompts(path: Path, encoder: Encoder, rng, n: int) -> pd.DataFrame:
-    """User prompts. Answers are encoded as written (write ' Paris' when a space precedes the
-    word); a prompt without a corrupted twin gets another row's prompt of the same token length
-    and a different answer (resample corruption)."""
-    frame = read_prompt_file(path).head(n)
+def file_prompts(
+    path: Path, encoder: Encoder, rng, n: int, *, n_key: str | None = None
+) -> pd.DataFrame:
+    """User prompts: the first `n` rows of the file (at most `n`, unless `n_key` names the key
+    that asks for exactly `n`: see `read_prompt_file`). Answers and distractors are encoded as
+    written (write ' Paris' when a space precedes the word) and must each be one token: a longer
+    one is refused naming its row, never cut to its first token. A prompt without a corrupted
+    twin gets another row's prompt of the same token length and a different answer (resample
+    corruption)."""
+    path = Path(path)
+    frame = read_prompt_file(path, n, n_key=n_key)
     clean = [encoder.prompt(p) for p in frame["prompt"]]
-    answers = [encoder.first(a) for a in frame["answer"]]
-    distractors = [encoder.first(d) for d in frame["distractor"]]
+    answers = [
+        encoder.one(text, f"{path}: row {i + 1}: answer") for i, text in enumerate(frame["answer"])
+    ]
     given = frame["corrupted_prompt"] if "corrupted_prompt" in frame else [""] * len(frame)
     corrupted = []
     for i, text in enumerate(given):
@@ -247,8 +350,10 @@ def file_prompts(path: Path, encoder: Encoder, rng, n: int) -> pd.DataFrame:
                 f"{len(clean[i]) - 1}; they must match for patching"
             )
         corrupted.append(ids)
-    for i, (a, d) in enumerate(zip(answers, distractors, strict=True)):
-        if a == d:
+    distractors = []
+    for i, (text, answer) in enumerate(zip(frame["distractor"], answers, strict=True)):
+        distractors.append(encoder.one(text, f"{path}: row {i + 1}: distractor"))
+        if distractors[-1] == answer:
             raise ConfigError(f"{path}: row {i + 1}: answer and distractor are the same token")
     return _rows(clean, corrupted, answers, distractors, encoder)
 
@@ -257,12 +362,15 @@ def file_prompts(path: Path, encoder: Encoder, rng, n: int) -> pd.DataFrame:
 @dataclass(frozen=True)
 class PromptContext:
     """What a source may draw on: the embedded model's language (None for real models), an
-    encoder with the model's tokenizer, the behaviour's config entry and the config's directory."""
+    encoder with the model's tokenizer, the behaviour's config entry, the folder a relative
+    `path` resolves against (config validation has made it absolute already) and the
+    behaviour's name."""
 
     language: SyntheticLanguage | None
     encoder: Encoder
     spec: dict
     base_dir: Path
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -275,9 +383,16 @@ class Source:
         return self.models == "any" or self.models == ("embedded" if embedded else "real")
 
 
+def prompt_file_path(spec: dict, base_dir: Path | str) -> Path:
+    """The absolute path of a `source: file` behaviour's file: `path` as config validation
+    resolved it (absolute), or a relative one against `base_dir`."""
+    path = Path(spec["path"]).expanduser()
+    return path if path.is_absolute() else (Path(base_dir) / path).absolute()
+
+
 def _file(ctx: PromptContext, rng, n: int) -> pd.DataFrame:
-    path = Path(ctx.spec["path"])
-    return file_prompts(path if path.is_absolute() else ctx.base_dir / path, ctx.encoder, rng, n)
+    path = prompt_file_path(ctx.spec, ctx.base_dir)
+    return file_prompts(path, ctx.encoder, rng, n, n_key=f"behaviours.{ctx.name}.n_prompts")
 
 
 SOURCES: dict[str, Source] = {
@@ -296,9 +411,16 @@ def allowed_sources(embedded: bool) -> list[str]:
 
 
 def make_prompts(
-    name: str, spec: dict, seed: int, model_info: dict, model_dir: Path, base_dir: Path = Path(".")
+    name: str,
+    spec: dict,
+    seed: int,
+    model_info: dict,
+    model_dir: Path,
+    base_dir: Path | str | None = None,
 ) -> pd.DataFrame:
-    """Prompts of behaviour `name` (config `behaviours.<name>`) for the model in `model_dir`."""
+    """Prompts of behaviour `name` (config `behaviours.<name>`) for the model in `model_dir`.
+    A relative `path` resolves against `base_dir` (default: the working directory); a resolved
+    config holds it absolute. A file's problems are one line naming `behaviours.<name>.path`."""
     embedded = model_info["kind"] == "embedded"
     source = SOURCES.get(spec["source"])
     if source is None or not source.works_with(embedded):
@@ -312,8 +434,13 @@ def make_prompts(
         from circuitflow.model.load import load_tokenizer
 
         language, encoder = None, Encoder(load_tokenizer(model_dir))
-    context = PromptContext(language, encoder, spec, Path(base_dir))
-    return source.make(context, behaviour_rng(seed, name), spec.get("n_prompts", 256))
+    context = PromptContext(language, encoder, spec, Path(base_dir or Path.cwd()), name)
+    try:
+        return source.make(context, behaviour_rng(seed, name), spec.get("n_prompts", 256))
+    except ConfigError as err:
+        if not source.needs_path:
+            raise
+        raise ConfigError(f"behaviours.{name}.path: {err}") from None
 
 
 def run(config: dict, behaviour: str, model_dir: Path | str, out: Path | str) -> pd.DataFrame:

@@ -100,7 +100,7 @@ def test_file_prompts_borrow_a_corrupted_twin_or_fail_clearly(tiny_hf_model_dir,
     frame = file_prompts(good, encoder, np.random.default_rng(0), 10)
     assert list(frame.corrupted_tokens[0]) == list(frame.clean_tokens[1])
     lonely = tmp_path / "lonely.jsonl"
-    lonely.write_text('{"prompt": "Mary", "answer": " John", "distractor": " Paul"}\n')
+    lonely.write_text('{"prompt": "Mary", "answer": " John", "distractor": " Mary"}\n')
     with pytest.raises(cf.ConfigError, match="row 1 has no corrupted_prompt"):
         file_prompts(lonely, encoder, np.random.default_rng(0), 10)
 

@@ -13,8 +13,17 @@ from circuitflow.report import gpu_hours as cf_gpu_hours
 
 try:
     # Schema validation (snakemake.utils.validate, defaults filled) runs first, then the checks
-    # that need the model; a bad value stops here with one line naming the key.
-    config.update(cf_config.resolve(config, base_dir=Path.cwd()))
+    # that need the model; a bad value stops here with one line naming the key. A relative
+    # prompt file path resolves against the folder of the config file that set it (--config:
+    # the working directory) and is stored absolute, so every job reads that same file.
+    config.update(
+        cf_config.resolve(
+            config,
+            base_dir=Path.cwd(),
+            config_files=workflow.configfiles,
+            overrides=workflow.config_settings.config,
+        )
+    )
 except cf_config.ConfigError as err:
     raise WorkflowError(f"config error: {err}") from None
 
@@ -51,6 +60,12 @@ def stage(name, online=False):
     # ${PYTHONPATH:+:...} is safe under `set -u`; the doubled braces survive Snakemake's format.
     path = f"PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}} "
     return f"{offline}{threads}{path}python {SCRIPTS / name}.py"
+
+
+def prompt_file(wildcards):
+    """A `file` behaviour's prompt file (an absolute path once validated): an edit reruns it."""
+    path = config["behaviours"][wildcards.behaviour].get("path")
+    return [path] if path else []
 
 
 def baseline_outputs():

@@ -4,6 +4,7 @@
 
 rule prompts:
     input:
+        prompt_file,
         model=f"{OUT}/model/model.json",
     output:
         f"{OUT}/prompts/{{behaviour}}.parquet",
