@@ -28,8 +28,7 @@ def run() -> None:
         args.activations,
         args.out_dir,
     )
-    top = ", ".join(f"L{h['layer']}H{h['head']} {h['score']:.2f}" for h in summary["top_heads"])
-    print(f"{args.behaviour}: top heads {top}; spearman {summary['validation']['spearman']}")
+    print(stage.headline(summary))
 
 
 if __name__ == "__main__":

@@ -42,12 +42,7 @@ def run() -> None:
         args.saes,
         args.out_dir,
     )
-    heads = ", ".join(f"L{h['layer']}H{h['head']} {h['drop_frac']:.0%}" for h in s["top_heads"][:3])
-    print(
-        f"{args.behaviour}: faithfulness {s['faithfulness']:.3f}, completeness "
-        f"{s['completeness']:.3f} at n={s['circuit_size']}; smallest faithful n="
-        f"{s['smallest_faithful_size']}; top head drops {heads}"
-    )
+    print(stage.headline(args.behaviour, s))
 
 
 if __name__ == "__main__":

@@ -408,3 +408,69 @@ def test_attribution_benchmark_runs(monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["n_nodes"] == 1 + 12 + 1 + 64 + 1  # GPT-2 small's 12 heads
     assert out["estimate_a100_seconds_for_target"] > 0
+
+
+def test_validation_passes_only_when_every_kind_with_enough_nodes_passes():
+    """Pooled over kinds, many well-ranked features hide heads ranked backwards (induction on
+    the embedded default: 0.91 over all nodes, -0.5 over its 3 live heads): `passed` then
+    fails, naming the kind, while `passed_all_nodes` keeps the pooled verdict. A kind with
+    fewer than 3 nodes (here 2 MLPs ranked backwards) is not judged on its own, and inert
+    nodes (both scores exactly 0) count towards no kind's nodes."""
+    import pandas as pd
+
+    def frame(head_fast: list[float]) -> pd.DataFrame:
+        feats = [(f, f) for f in np.linspace(1.0, 10.0, 12)]  # features ranked exactly
+        rows = [("feature", fast, exact) for fast, exact in feats]
+        exact = [0.66, 0.66, 0.99]
+        rows += [("head", fast, x) for fast, x in zip(head_fast, exact, strict=True)]
+        rows += [("head", 0.0, 0.0)] * 5  # pruned heads: inert
+        rows += [("mlp", 20.0, 80.0), ("mlp", 80.0, 20.0)]
+        return pd.DataFrame(rows, columns=["kind", "score_ig_validation", "score_exact"])
+
+    backwards = attr.validation(frame([0.5, 0.4, 0.1]), "ig", 0.8)
+    assert backwards["spearman"] >= 0.8 and backwards["passed_all_nodes"] is True
+    assert backwards["by_kind"]["head"]["n_nodes"] == 3
+    assert backwards["by_kind"]["head"]["n_inert"] == 5
+    assert backwards["by_kind"]["head"]["passed"] is False
+    assert backwards["passed"] is False and backwards["failed_kinds"] == ["head"]
+    assert backwards["min_kind_nodes"] == 3
+    assert backwards["by_kind"]["mlp"]["passed"] is None  # 2 nodes: too few to judge
+    # Heads in exact's order (ties in exact leave them unranked against each other).
+    forwards = attr.validation(frame([0.4, 0.5, 0.9]), "ig", 0.8)
+    assert forwards["by_kind"]["head"]["passed"] is True
+    assert forwards["passed"] is True and forwards["failed_kinds"] == []
+    # The pooled agreement failing fails the whole, with every judged kind passing.
+    assert attr.validation(frame([0.4, 0.5, 0.9]), "ig", 0.99)["passed"] is False
+
+
+def test_graph_edges_show_the_exact_weight_where_it_was_computed(tiny):
+    """graph.json's edges: the validated ones carry exact patching's weight (the fast estimate
+    kept as weight_fast), edges into the logit are exact already, the rest the fast estimate;
+    the graph's edges are pruned by the weight shown, as the page prunes them."""
+    from circuitflow.attribution import stage
+
+    model, saes, prompts = tiny
+    cfg = AttributionConfig(method="atp", validation_features=6, validation_edges=8,
+                            max_graph_nodes=10, edges="all")  # fmt: skip
+    scored = stage.score(model, prompts, saes, cfg, "tiny")
+    graph = stage.build_graph(prompts, scored, cfg, {"seconds": {}, "method": cfg.method})
+    computed = {(e["source"], e["target"]): e for e in graph["computed_edges"]}
+    validated = graph["edge_validation"]["edges"]
+    assert len(validated) == 8
+    for v in validated:
+        e = computed[(v["source"], v["target"])]
+        assert e["weight_source"] == "exact"
+        assert e["weight"] == v["exact"] and e["weight_fast"] == v["weight"]
+    # The case is there: exact patching moved some weight away from the fast estimate.
+    assert any(abs(v["exact"] - v["weight"]) > 1e-3 for v in validated)
+    checked = {(v["source"], v["target"]) for v in validated}
+    into_logit = [e for pair, e in computed.items() if pair[1] == "logit"]
+    assert into_logit and all(e["weight_source"] == "exact" for e in into_logit)
+    for pair, e in computed.items():
+        if pair not in checked:
+            assert e["weight"] == e["weight_fast"]
+            assert e["weight_source"] == ("exact" if pair[1] == "logit" else "atp")
+    assert graph["n_edges_exact"] == len(checked) + len(into_logit)
+    weights = np.array([e["weight"] for e in graph["computed_edges"]])
+    kept = circuit_graph.cumulative_keep(weights, cfg.edge_threshold)
+    assert graph["edges"] == [graph["computed_edges"][i] for i in sorted(kept)]

@@ -19,32 +19,29 @@ from helpers.spliced import tiny_spliced, write_activations
 from circuitflow.attribution import stage
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.page import graph_html, page_data, rounded
-from circuitflow.interventions import stats
-from circuitflow.interventions.ablation import Intervener
 from circuitflow.interventions.config import InterventionsConfig
-from circuitflow.interventions.features import feature_interventions
-from circuitflow.io import write_parquet
+from circuitflow.interventions.flags import flags_of
+from circuitflow.interventions.stage import intervene
 from circuitflow.report import stage as report_stage
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The attribution stage on the tiny model (its real activation files, no tokenizer: token
-    ids as text), the interventions' steering of its top features, the report's page."""
+    ids as text), the interventions stage (steering of its top features, the graph's nodes as a
+    circuit), the report's page."""
     model, saes, prompts = tiny_spliced(8)
     root = tmp_path_factory.mktemp("graph_page")
     acts = write_activations(model, root / "activations")
     cfg = AttributionConfig(
         method="atp", validation_features=4, max_graph_nodes=12, edges="all", context_features=2,
-        n_contexts=4, context_window=3,
+        n_contexts=4, context_window=3, validation_edges=8,
     )  # fmt: skip
     attr_dir, iv_dir = root / "attribution" / "b", root / "interventions" / "b"
     stage.attribute(model, prompts, saes, acts, None, cfg, "b", attr_dir)
-    features = pd.read_parquet(attr_dir / "features.parquet")
-    runs = stats.Runs(Intervener(model, prompts, "mean", saes=saes), [0])
-    iv_cfg = InterventionsConfig(n_features=3, n_random_features=1, steering_alphas=(0.0, 2.0))
-    _, steering = feature_interventions(runs, features, saes, None, iv_cfg, 0)
-    write_parquet(iv_dir / "steering.parquet", steering)
+    iv_cfg = InterventionsConfig(n_features=3, n_random_features=1, steering_alphas=(0.0, 2.0),
+                                 n_seeds=1, n_random_circuits=1, n_random_sets=1)  # fmt: skip
+    summary = intervene(model, prompts, attr_dir, saes, None, iv_cfg, "b", iv_dir)
     report_page = root / "report" / "b" / "graph.html"
     report_stage.graph_page("b", attr_dir, iv_dir, report_page)
     graph = json.loads((attr_dir / "graph.json").read_text())
@@ -53,7 +50,8 @@ def run(tmp_path_factory):
         attr_dir=attr_dir,
         graph=graph,
         contexts=pd.read_parquet(attr_dir / "feature_contexts.parquet"),
-        steering=steering,
+        steering=pd.read_parquet(iv_dir / "steering.parquet"),
+        summary=summary,
         report_page=report_page,
         features=[n["id"] for n in graph["nodes"] if n["kind"] == "feature"],
     )
@@ -112,6 +110,17 @@ def test_page_is_self_contained_and_its_header_rounded(run):
     header = graph_html(extra, "b")
     assert "edge validation: Spearman 0.912 over 17 edges" in header
     assert "validation by kind: head 0.5 (4 nodes)" in header
+    # A kind with enough nodes that fails fails the verdict, and the header says which.
+    failing = run.graph["validation"] | {"passed": False, "failed_kinds": ["head"],
+                                          "min_kind_nodes": 3}  # fmt: skip
+    header = graph_html(run.graph | {"validation": failing}, "b")
+    assert "(failed, threshold 0.8; head under it, and every kind with at least 3 nodes must " \
+        "pass)" in header  # fmt: skip
+    # The edge weights: how many are exact, as graph.json says.
+    exact = sum(e["weight_source"] == "exact" for e in run.graph["computed_edges"])
+    assert 0 < exact == run.graph["n_edges_exact"]
+    assert f"exact patching of the direct path for {exact} of " \
+        f"{run.graph['n_edges_computed']} computed edges" in page  # fmt: skip
 
 
 def test_stage_page_in_chromium(run, tmp_path):
@@ -120,6 +129,22 @@ def test_stage_page_in_chromium(run, tmp_path):
     found = check_page(browser, run.attr_dir / "graph.html", tmp_path, hover=feature,
                        click=feature, edge_share=0.5, node_share=0.3)  # fmt: skip
     assert found["errors"] == []
+    # Each drawn edge says where its weight comes from: exact patching of its direct path
+    # (with the fast estimate beside it where that differed) or the fast estimate.
+    computed = {(e["source"], e["target"]): e for e in run.graph["computed_edges"]}
+    assert found["edge_titles"]
+    for source, target, title in found["edge_titles"]:
+        e = computed[(source, target)]
+        assert f"weight {'+' if e['weight'] > 0 else ''}{rounded(e['weight'])} " in title
+        if e["weight_source"] == "exact":
+            assert "(exact patching of the direct path" in title
+            if rounded(e["weight_fast"]) != rounded(e["weight"]):
+                assert f"the fast estimate was {'+' if e['weight_fast'] > 0 else ''}" \
+                    f"{rounded(e['weight_fast'])})" in title  # fmt: skip
+        else:
+            assert "(attribution patching, the fast estimate; not patched exactly)" in title
+    sources = {computed[(s, t)]["weight_source"] for s, t, _ in found["edge_titles"]}
+    assert sources == {"exact", "atp"}  # both kinds drawn at the default thresholds
     # The default thresholds are the stage's: the page shows graph.json's nodes and edges.
     assert sorted(found["initial"]["nodes"]) == sorted(n["id"] for n in run.graph["nodes"])
     assert edge_pairs(found["initial"]["edges"]) == edge_pairs(run.graph["edges"])
@@ -191,3 +216,59 @@ def test_card_shows_the_validation_of_its_kind(run, tmp_path):
     assert "validation on feature nodes: Spearman 0.512 of atp against exact patching over 7 " \
         "nodes" in texts[0]  # fmt: skip
     assert f"validation: graph.json has none for {other['kind']} nodes" in texts[1]
+
+
+def header_text(page: str) -> str:
+    """The page's header as text (the tags dropped, entities read)."""
+    import html
+
+    head = page[page.index("<body>") : page.index('<div id="controls">')]
+    return html.unescape(re.sub(r"<[^>]+>", " ", head))
+
+
+def test_report_page_states_the_graph_as_a_circuit_and_the_flags(run):
+    """The report's copy states the drawn graph's own faithfulness and completeness as a
+    circuit and every flag of the interventions' summary; the attribution stage's page, written
+    before interventions run, says where to find them."""
+    g = run.summary["graph_circuit"]
+    n_graph = sum(n["kind"] != "logit" for n in run.graph["nodes"])
+    assert g is not None and 0 < g["n"] <= n_graph
+    text = " ".join(header_text(run.report_page.read_text()).split())
+    assert f"the graph as a circuit ({n_graph} nodes at the default thresholds" in text
+    selection, held_out = rounded(g["faithfulness"]), rounded(g["faithfulness_heldout"])
+    assert f"faithfulness {selection} on the selection half, {held_out} held out (threshold " \
+        f"0.8); completeness {rounded(g['completeness'])}, " \
+        f"{rounded(g['completeness_heldout'])} held out" in text  # fmt: skip
+    assert run.summary["flags"] == flags_of(run.summary)
+    for flag in run.summary["flags"]:
+        assert flag["text"] in text
+    if not run.summary["flags"]:
+        assert "flags: none" in text
+    stage_text = " ".join(header_text((run.attr_dir / "graph.html").read_text()).split())
+    assert "the graph as a circuit: its faithfulness and completeness are measured by the " \
+        "interventions stage" in stage_text  # fmt: skip
+    assert "graph_circuit in interventions/<behaviour>/summary.json" in stage_text
+    # With the default run's induction numbers: every flag, and the circuit's own line.
+    induction = run.summary | INDUCTION_NUMBERS
+    text = " ".join(header_text(graph_html(run.graph, "b", circuit=induction)).split())
+    expected = flags_of(induction)
+    assert len(expected) == 5
+    for flag in expected:
+        assert flag["text"] in text
+    assert "the top 370 nodes by attribution as a circuit: faithfulness 0.825 on the " \
+        "selection half, 0.751 held out" in text  # fmt: skip
+    none = induction | {"circuit_size": None}
+    assert "found no faithful circuit size" in graph_html(run.graph, "b", circuit=none)
+
+
+INDUCTION_NUMBERS = {
+    "faithfulness_threshold": 0.8, "circuit_size": 370, "smallest_faithful_size": 370,
+    "faithfulness": 0.825, "random_faithfulness": 0.0133,
+    "completeness": 0.994, "random_completeness": 1.0067,
+    "faithfulness_heldout": 0.751, "random_faithfulness_heldout": 0.0041,
+    "completeness_heldout": 0.998, "random_completeness_heldout": 1.0013,
+    "random_faithfulness_at_smallest": 0.0133,
+    "graph_circuit": {"n": 15, "faithfulness": -0.008, "completeness": 0.998,
+                      "faithfulness_heldout": 0.00106, "completeness_heldout": 0.997},
+    "flags": None,  # computed from the numbers (flags.flags)
+}  # fmt: skip

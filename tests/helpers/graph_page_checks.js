@@ -101,6 +101,9 @@
     if (config.pose) return pose();
     const out = { errors: window.__errors };
     out.initial = visible();
+    // Each drawn edge's hover text (its <title>): the weight and where it comes from.
+    out.edge_titles = [...svg.querySelectorAll(".edge")].map((p) =>
+      [p.dataset.source, p.dataset.target, p.querySelector("title").textContent]);
     out.initial_geometry = geometry();
     out.svg_size = [+svg.getAttribute("width"), +svg.getAttribute("height")];
     const card = document.getElementById("card");

@@ -142,3 +142,40 @@ def test_outputs_have_their_schemas(setup):
     across = pd.read_parquet(results / "interventions" / "heads_across_behaviours.parquet")
     assert set(across["behaviour"]) == {"induction", "facts"}
     assert (results / "interventions" / "heads_across_behaviours.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("behaviour", ["induction", "facts"])
+def test_inert_heads_and_flags(setup, behaviour):
+    """The pruned heads (W_O = 0) are named inert and left out of the top heads, so the pairs
+    and triplets are those of the live heads (before: 10 pairs and triplets among 5 heads, 2 of
+    them pruned, mostly the live sets again); every random control that reaches its circuit's
+    value and every faithfulness under the threshold is flagged, and nothing else."""
+    from circuitflow.interventions.flags import RANDOM_CONTROLS, flags_of
+
+    results, model, *_ = setup
+    s = summary(results, behaviour)
+    pruned = [
+        f"L{layer}H{head}"
+        for layer, block in enumerate(model.blocks)
+        for head in range(model.cfg.n_heads)
+        if block.attn.W_O[head].abs().sum() == 0
+    ]
+    assert len(pruned) == 5 and s["inert_heads"] == pruned
+    assert len(s["top_k_heads"]) == 3 and not set(s["top_k_heads"]) & set(pruned)
+    assert not {f"L{h['layer']}H{h['head']}" for h in s["top_heads"]} & set(pruned)
+    sets = pd.read_parquet(results / "interventions" / behaviour / "head_sets.parquet")
+    top_k = sets[sets["set"] == "top_k"]
+    assert len(top_k) == 3 + 1 and not top_k["heads"].str.contains("|".join(pruned)).any()
+    for key, control in RANDOM_CONTROLS[:4]:
+        assert s["random_reaches_circuit"][key] is (s[control] >= s[key])
+    assert s["below_threshold"]["faithfulness_heldout"] is (
+        s["faithfulness_heldout"] < s["faithfulness_threshold"]
+    )
+    assert s["flags"] == flags_of(s)
+    flagged = {f["key"] for f in s["flags"]}
+    expected = {k for k, v in s["random_reaches_circuit"].items() if v}
+    expected |= {k for k, v in s["below_threshold"].items() if v}
+    assert flagged == expected
+    # The attribution graph's nodes keep little of the behaviour as a circuit (measured 0.001
+    # held out on induction, 0.25 on facts): flagged.
+    assert "graph_circuit.faithfulness_heldout" in flagged

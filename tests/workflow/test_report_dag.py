@@ -5,6 +5,7 @@ Screenshots are left in the test's temporary directory."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -89,6 +90,15 @@ def test_report_pages_and_provenance_files(report_html, default_results):
     slurm = json.loads((results / "provenance" / "slurm_jobs.json").read_text())
     assert slurm["jobs"] == [] and slurm["reason"]  # a local run
     assert json.loads((results / "provenance" / "run.json").read_text())["seeds"]["seed"] == 0
+    # The behaviour's pages state the flags on its numbers and the graph's own faithfulness
+    # and completeness as a circuit.
+    summary = json.loads((results / "interventions" / "induction" / "summary.json").read_text())
+    tables = html.unescape((results / "report" / "induction" / "tables.html").read_text())
+    graph_page = html.unescape((results / "report" / "induction" / "graph.html").read_text())
+    assert summary["flags"], "the default run's induction summary raises flags"
+    for flag in summary["flags"]:
+        assert flag["text"] in tables and flag["text"] in graph_page
+    assert "the graph as a circuit (" in graph_page
     costs = (results / "report" / "job_costs.csv").read_text()
     for rule in ("train_model", "capture", "train_sae", "attribution", "interventions"):
         assert f"\n{rule}," in costs, rule

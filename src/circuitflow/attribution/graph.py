@@ -21,7 +21,10 @@ circuit, where both methods agree on them trivially.
 The exact reference of an edge patches the same direct path: d is recomputed from its direct
 upstream nodes at their clean values but u at its corrupted one, then set in the clean run,
 whose metric drops by m(clean) - m(clean, d <- d(u corrupted)) (for the logit, the cut run's
-metric drops). `edge_validation` is the rank agreement of the two on the top edges.
+metric drops). `edge_validation` is the rank agreement of the two on the top edges, and
+graph.json's edges carry the exact weight wherever it was computed (`weight_source`, the fast
+estimate kept as `weight_fast`): on the embedded induction circuit the fast estimate gave
+embedding -> head.0.2 1.9 where exact patching of the path gives 9.9 to 10.9 (two trainings).
 
 Pruning follows circuit-tracer's cumulative rule: nodes by |score| until `node_threshold` of the
 total |score| is covered (at most `max_graph_nodes`), then edges by |weight| until
@@ -279,6 +282,28 @@ def validate_edges(
     }
 
 
+def edge_records(
+    edges: dict[tuple[str, str], float], edge_validation: dict[str, Any] | None, method: str
+) -> list[dict[str, Any]]:
+    """graph.json's edges: `weight` is the exact direct-path weight where it was computed (an
+    edge into the logit, which the fast computation already takes exactly, and every edge
+    `edge_validation` patched) and the fast estimate elsewhere; `weight_source` says which
+    (`exact` or the method), `weight_fast` keeps the fast estimate."""
+    exact = {
+        (e["source"], e["target"]): float(e["exact"])
+        for e in (edge_validation or {}).get("edges", [])
+    }
+    out = []
+    for (u, d), w in edges.items():
+        if (u, d) in exact:
+            weight, source = exact[(u, d)], "exact"
+        else:
+            weight, source = float(w), "exact" if d == LOGIT else method
+        record = {"source": u, "target": d, "weight": weight, "weight_source": source}
+        out.append(record | {"weight_fast": float(w)})
+    return out
+
+
 def build_graph(
     nodes: pd.DataFrame,
     edges: dict[tuple[str, str], float],
@@ -286,8 +311,9 @@ def build_graph(
     n_layers: int,
     meta: dict[str, Any],
 ) -> dict[str, Any]:
-    """graph.json: nodes (id, kind, layer, index, score), pruned weighted edges, thresholds and
-    every computed edge (`computed_edges`, before pruning)."""
+    """graph.json: nodes (id, kind, layer, index, score), pruned weighted edges (by |weight|,
+    exact where computed: edge_records), thresholds and every computed edge (`computed_edges`,
+    before pruning)."""
     out_nodes = [
         {
             "id": r["id"],
@@ -314,10 +340,9 @@ def build_graph(
             "bridge": False,
         }
     )
-    all_edges = [(u, d, w) for (u, d), w in edges.items()]
-    weights = np.array([w for _, _, w in all_edges], dtype=float)
+    as_dicts = edge_records(edges, meta.get("edge_validation"), cfg.method)
+    weights = np.array([e["weight"] for e in as_dicts], dtype=float)
     kept = cumulative_keep(weights, cfg.edge_threshold) if len(weights) else []
-    as_dicts = [{"source": u, "target": d, "weight": float(w)} for u, d, w in all_edges]
     out_edges = [as_dicts[i] for i in sorted(kept)]
     return {
         "nodes": out_nodes,
@@ -332,7 +357,8 @@ def build_graph(
             "bridge_features": cfg.bridge_features,
             "edges": cfg.edges,
         },
-        "n_edges_computed": len(all_edges),
+        "n_edges_computed": len(as_dicts),
+        "n_edges_exact": sum(e["weight_source"] == "exact" for e in as_dicts),
         # Before edge pruning: graph.html's edge threshold control re-prunes from these.
         "computed_edges": as_dicts,
         **{k: v for k, v in meta.items() if k != "method"},

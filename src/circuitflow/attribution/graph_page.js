@@ -282,7 +282,7 @@
       });
       const tip = svgEl("title");
       tip.textContent = `${byId.get(e.source).name} → ${byId.get(e.target).name}: ` +
-        `weight ${signed(e.weight)}`;
+        `weight ${signed(e.weight)}${weightSourceText(e)}`;
       path.append(tip);
       edgeLayer.append(path);
     }
@@ -371,6 +371,20 @@
   // ---- Hover card ---------------------------------------------------------------------------
 
   const card = document.getElementById("card");
+
+  // Where an edge's weight comes from (graph.json's weight_source; older files have none).
+  function weightSourceText(e) {
+    if (!e.weight_source) return "";
+    const names = { ig: "integrated gradients", atp: "attribution patching" };
+    if (e.weight_source !== "exact") {
+      return ` (${names[e.weight_source] || e.weight_source}, the fast estimate; not patched ` +
+        "exactly)";
+    }
+    const fast = e.weight_fast;
+    const differs = fast !== undefined && fast !== null && fmt(fast) !== fmt(e.weight);
+    return " (exact patching of the direct path" +
+      (differs ? `; the fast estimate was ${signed(fast)})` : ")");
+  }
 
   function sourceText(src) {
     if (src === "exact") return "exact activation patching";

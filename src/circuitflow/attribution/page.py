@@ -1,9 +1,12 @@
 """graph.html: the attribution graph as one self-contained page (no network access needed).
 
-Python writes the header (numbers rounded for people), the controls and the data the page needs
-as JSON: the graph's nodes with their labels and forward-pass order, every computed edge (not
-only the pruned ones, so the page's thresholds can re-prune), each feature's top-activating
-contexts and, once the interventions stage has run, the tokens it promotes when steered.
+Python writes the header (numbers rounded for people: the validation, whose verdict needs every
+node kind with enough nodes to pass, how many edge weights are exact, and in the report's copy
+the graph's own faithfulness and completeness as a circuit with the interventions' flags), the
+controls and the data the page needs as JSON: the graph's nodes with their labels and
+forward-pass order, every computed edge (not only the pruned ones, so the page's thresholds can
+re-prune; each with its weight's source), each feature's top-activating contexts and, once the
+interventions stage has run, the tokens it promotes when steered.
 `graph_page.js` (plain JavaScript, inlined) lays the graph out in columns by layer, routes every
 edge around the nodes it does not touch, and draws it as SVG with hover cards, path highlighting
 and the threshold controls; `graph_page.css` styles it.
@@ -139,20 +142,26 @@ def page_data(
     }
 
 
-def _header(graph: dict[str, Any], title: str) -> str:
-    """Title and the run's numbers, rounded: metric, validation (per kind and of edges when
-    graph.json has them), sizes."""
+def _verdict(passed: Any) -> str:
+    return {True: "passed", False: "failed"}.get(passed, "not judged")
+
+
+def _validation_lines(graph: dict[str, Any]) -> list[str]:
+    """Node validation (the verdict needs every kind with enough nodes to pass), by kind, and
+    the edges' validation and weights."""
     val = graph.get("validation") or {}
-    verdict = {True: "passed", False: "failed"}.get(val.get("passed"), "not judged")
+    failed = val.get("failed_kinds") or []
+    why = (
+        f"; {html.escape(', '.join(failed))} under it, and every kind with at least "
+        f"{val.get('min_kind_nodes', 'n/a')} nodes must pass"
+        if failed
+        else ""
+    )
     lines = [
-        f"metric: {html.escape(str(graph.get('metric', 'logit difference')))}, "
-        f"clean {rounded(graph.get('metric_clean'))}, "
-        f"corrupted {rounded(graph.get('metric_corrupted'))}; "
-        f"{graph.get('n_prompts', 'n/a')} prompts",
         f"node scores: {html.escape(str(graph.get('method')))} (fast method) on every node, exact "
         f"patching where computed; validation Spearman {rounded(val.get('spearman'))} over "
-        f"{val.get('n_nodes', 'n/a')} nodes with both ({verdict}, threshold "
-        f"{rounded(val.get('threshold'))})",
+        f"{val.get('n_nodes', 'n/a')} nodes with both ({_verdict(val.get('passed'))}, threshold "
+        f"{rounded(val.get('threshold'))}{why})",
     ]
     by_kind = val.get("by_kind") or {}
     if by_kind:
@@ -160,6 +169,7 @@ def _header(graph: dict[str, Any], title: str) -> str:
             "validation by kind: "
             + "; ".join(
                 f"{html.escape(k)} {rounded(v.get('spearman'))} ({v.get('n_nodes', 'n/a')} nodes)"
+                + (f" {_verdict(v.get('passed'))}" if v.get("passed") is not None else "")
                 for k, v in sorted(by_kind.items())
             )
         )
@@ -171,8 +181,86 @@ def _header(graph: dict[str, Any], title: str) -> str:
         )
     if graph.get("edge_method"):
         lines.append(f"edges: {html.escape(str(graph['edge_method']))}")
-    return f"<h1>{html.escape(title)}</h1>" + "".join(
-        f'<p class="meta">{line}</p>' for line in lines
+    edges = graph.get("computed_edges") or graph.get("edges") or []
+    if edges and "weight_source" in edges[0]:
+        exact = sum(e.get("weight_source") == "exact" for e in edges)
+        lines.append(
+            f"edge weights shown: exact patching of the direct path for {exact} of {len(edges)} "
+            "computed edges (every edge into the logit and the validated ones), the fast "
+            "estimate elsewhere"
+        )
+    return lines
+
+
+def _circuit_lines(graph: dict[str, Any], circuit: dict[str, Any] | None) -> list[str]:
+    """The drawn graph's own faithfulness and completeness as a circuit, from the interventions
+    stage's summary.json (`circuit`); before that stage has run, where to find them."""
+    if circuit is None:
+        return [
+            "the graph as a circuit: its faithfulness and completeness are measured by the "
+            "interventions stage, which runs after this page was written: see the report's copy "
+            "of this page (report/&lt;behaviour&gt;/graph.html) or graph_circuit in "
+            "interventions/&lt;behaviour&gt;/summary.json"
+        ]
+    g = circuit.get("graph_circuit")
+    n_graph = sum(n["kind"] != "logit" for n in graph["nodes"])
+    ablation = html.escape(str(circuit.get("ablation")))
+    if not g:
+        return [
+            f"the graph as a circuit: none of its {n_graph} nodes is a circuit candidate of the "
+            "interventions stage, so it was not scored"
+        ]
+    share = "" if g.get("n") == n_graph else f" ({g.get('n')} of them are circuit candidates)"
+    lines = [
+        f"the graph as a circuit ({n_graph} nodes at the default thresholds{share}; every other "
+        f"candidate node {ablation}-ablated): faithfulness {rounded(g.get('faithfulness'))} on "
+        f"the selection half, {rounded(g.get('faithfulness_heldout'))} held out (threshold "
+        f"{rounded(circuit.get('faithfulness_threshold'))}); completeness "
+        f"{rounded(g.get('completeness'))}, {rounded(g.get('completeness_heldout'))} held out"
+    ]
+    size = circuit.get("circuit_size")
+    if size is None:
+        lines.append("the interventions stage found no faithful circuit size by attribution rank")
+    else:
+        lines.append(
+            f"the top {size} nodes by attribution as a circuit: faithfulness "
+            f"{rounded(circuit.get('faithfulness'))} on the selection half, "
+            f"{rounded(circuit.get('faithfulness_heldout'))} held out; completeness "
+            f"{rounded(circuit.get('completeness'))}, "
+            f"{rounded(circuit.get('completeness_heldout'))} held out"
+        )
+    return lines
+
+
+def _flag_items(circuit: dict[str, Any] | None) -> str:
+    """The interventions summary's flags (interventions/flags.py) as a list."""
+    if circuit is None:
+        return ""
+    from circuitflow.interventions.flags import flags
+
+    found = flags(circuit)
+    if not found:
+        return '<p class="meta">flags: none</p>'
+    items = "".join(f"<li>{html.escape(f['text'])}</li>" for f in found)
+    return f'<p class="meta flag">flags:</p><ul class="flags">{items}</ul>'
+
+
+def _header(graph: dict[str, Any], title: str, circuit: dict[str, Any] | None = None) -> str:
+    """Title and the run's numbers, rounded: metric, validation (per kind and of edges when
+    graph.json has them), sizes, the graph's own faithfulness and completeness as a circuit
+    and the flags on them (`circuit`: interventions/summary.json, None before that stage)."""
+    lines = [
+        f"metric: {html.escape(str(graph.get('metric', 'logit difference')))}, "
+        f"clean {rounded(graph.get('metric_clean'))}, "
+        f"corrupted {rounded(graph.get('metric_corrupted'))}; "
+        f"{graph.get('n_prompts', 'n/a')} prompts",
+        *_validation_lines(graph),
+        *_circuit_lines(graph, circuit),
+    ]
+    return (
+        f"<h1>{html.escape(title)}</h1>"
+        + "".join(f'<p class="meta">{line}</p>' for line in lines)
+        + _flag_items(circuit)
     )
 
 
@@ -211,13 +299,16 @@ def graph_html(
     title: str,
     contexts: pd.DataFrame | None = None,
     steering: pd.DataFrame | None = None,
+    circuit: dict[str, Any] | None = None,
 ) -> str:
-    """The page: header, controls, legend and an SVG that graph_page.js draws from the data."""
+    """The page: header, controls, legend and an SVG that graph_page.js draws from the data.
+    `circuit`: the interventions stage's summary.json (the report's copy), whose graph_circuit
+    and flags the header states."""
     data = _json_for_script(page_data(graph, contexts, steering))
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_asset('graph_page.css')}</style></head>"
-        f"<body>{_header(graph, title)}{CONTROLS}"
+        f"<body>{_header(graph, title, circuit)}{CONTROLS}"
         '<div id="graph-scroll"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div>'
         '<div id="card" hidden></div>'
         f'<script type="application/json" id="graph-data">{data}</script>'

@@ -61,7 +61,8 @@ def score(
 ) -> Scored:
     node_scores = scores.attribute(model, prompts, saes, cfg, bypass_bos)
     validation = scores.validation(node_scores.frame, cfg.method, cfg.spearman_threshold)
-    for kind, result in [("all nodes", validation), *validation["by_kind"].items()]:
+    pooled = {"spearman": validation["spearman"], "passed": validation["passed_all_nodes"]}
+    for kind, result in [("all nodes", pooled), *validation["by_kind"].items()]:
         if result["passed"] is False:
             log.warning(
                 "%s: %s agrees poorly with exact patching on %s (spearman %.3f < %.2f)",
@@ -213,8 +214,14 @@ def attribute(
     tables["feature_contexts"] = contexts(
         tables["features"], saes, acts_files, tokenizer, cfg, graph["nodes"]
     )
+    heads = tables["heads"]
+    inert = heads["score"] == 0  # a pruned head (W_O = 0), or one nothing moves: no finding
     summary = meta | {
-        "top_heads": tables["heads"].head(5)[["layer", "head", "score"]].to_dict("records"),
+        "top_heads": heads[~inert].head(5)[["layer", "head", "score"]].to_dict("records"),
+        "inert_heads": [
+            f"L{int(r.layer)}H{int(r.head)}"
+            for r in heads[inert].sort_values(["layer", "head"]).itertuples()
+        ],
         "top_components": tables["components"]
         .head(5)[["kind", "layer", "index", "score"]]
         .to_dict("records"),
@@ -230,6 +237,21 @@ def attribute(
         meta["seconds_per_prompt"],
     )
     return summary
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The script's one line: the top heads (inert ones left out) and the validation's verdict
+    (`n/a` for a number the summary does not have)."""
+    val = summary["validation"]
+    top = ", ".join(f"L{h['layer']}H{h['head']} {h['score']:.2f}" for h in summary["top_heads"])
+    verdict = {True: "passed", False: "failed"}.get(val["passed"], "not judged")
+    failed = val.get("failed_kinds") or []
+    if failed:
+        verdict += f" ({', '.join(failed)} below the threshold)"
+    rho = "n/a" if val["spearman"] is None else f"{val['spearman']:.3f}"
+    return (
+        f"{summary['behaviour']}: top heads {top or 'none'}; validation spearman {rho}, {verdict}"
+    )
 
 
 def run(

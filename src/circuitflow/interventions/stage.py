@@ -20,7 +20,9 @@ prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `res
   and the first faithful grid size. The attribution graph's own node set is scored as well.
 * Heads. Every head alone; every pair and triplet (up to `max_set_size`) among the top-k heads by
   attribution, with the additive prediction (sum of single effects) and the interaction, and
-  random head sets of each size as the control.
+  random head sets of each size as the control. Inert heads (score exactly 0, such as the
+  embedded model's pruned heads) are left out of the top heads: sets of them only repeated
+  the sets without them.
 * Features. The top features by attribution, ablated, next to random active features of the same
   SAE; and steered: alpha * W_dec[f] added at the feature's site, next to a random direction of
   the same norm, with the top tokens whose mean logit rises most.
@@ -32,8 +34,12 @@ resample of the prompts (and, for resample ablation, a new draw of the corrupted
 columns `<x>` hold the mean across seeds, `<x>_std` the std; `score_ci_low/high` is a
 t-interval over prompts on the full set, `p_value` a paired t-test against no effect.
 
+Flags (flags.py): summary.json says where a random control reaches its circuit's value and
+where a faithfulness falls under the threshold (held out, or the attribution graph's own).
+
 Steps: `read_attribution` (the attribution stage's tables and graph), `circuits`, `heads`,
-`features` (each in its module), `write` (tables, figures, summary.json last) and `summarise`.
+`features` (each in its module), `write` (tables, figures, summary.json last), `summarise` and
+`headline` (the script's line).
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ import pandas as pd
 
 from circuitflow.interventions import circuits as circ
 from circuitflow.interventions import features as feat
+from circuitflow.interventions import flags, plots
 from circuitflow.interventions import heads as hd
-from circuitflow.interventions import plots
 from circuitflow.interventions.ablation import Intervener
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.stats import Runs, seeds_for
@@ -145,12 +151,25 @@ def circuits(
     return Circuits(curves, ranked, size, smallest, bool(active), selection)
 
 
+def _scored_heads(attr: AttributionResults, singles: pd.DataFrame) -> pd.DataFrame:
+    """Heads with the score that picks the top heads: attribution's (the ablation effect when
+    attribution has none)."""
+    return attr.heads if attr.heads is not None and len(attr.heads) else singles
+
+
+def inert_heads(attr: AttributionResults, singles: pd.DataFrame) -> list[tuple[int, int]]:
+    """Heads whose score is exactly 0, such as pruned heads (W_O = 0): nothing to test, so they
+    are left out of the top heads and the head sets."""
+    heads = _scored_heads(attr, singles)
+    return sorted((int(r.layer), int(r.head)) for r in heads[heads["score"] == 0].itertuples())
+
+
 def top_heads(attr: AttributionResults, singles: pd.DataFrame, k: int) -> list[tuple[int, int]]:
-    """The k heads by |attribution score| (by ablation effect when attribution has none)."""
-    if attr.heads is not None and len(attr.heads):
-        order = attr.heads.reindex(attr.heads["score"].abs().sort_values(ascending=False).index)
-    else:
-        order = singles
+    """The k heads by |attribution score| (by ablation effect when attribution has none),
+    inert heads (score exactly 0) left out."""
+    heads = _scored_heads(attr, singles)
+    heads = heads[heads["score"] != 0]
+    order = heads.reindex(heads["score"].abs().sort_values(ascending=False).index)
     return [(int(r.layer), int(r.head)) for r in order.head(k).itertuples()]
 
 
@@ -185,7 +204,10 @@ def summarise(
     top: list[tuple[int, int]],
     n_prompts: int,
     seconds: dict[str, float],
+    inert: list[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
+    """summary.json (every number from the tables the stage wrote), with the flags on its
+    headline numbers (flags.py). `inert`: the heads left out of the top heads."""
     curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
     top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
 
@@ -246,8 +268,12 @@ def summarise(
         else circ.count_kinds(ranked[:smallest]),
         "random_faithfulness_at_smallest": band("faithfulness", smallest),
         "graph_circuit": circ.graph_summary(curves),
-        "top_heads": singles.head(5)[["layer", "head", "score", "drop_frac"]].to_dict("records"),
+        # By ablation effect; heads whose ablation changes nothing at all are left out.
+        "top_heads": singles[singles["score"] != 0]
+        .head(5)[["layer", "head", "score", "drop_frac"]]
+        .to_dict("records"),
         "top_k_heads": [hd.head_label(*h) for h in top],
+        "inert_heads": [hd.head_label(*h) for h in inert or []],
         "n_runs": runs.n_runs,
         "config": asdict(cfg),
         "seconds": seconds,
@@ -255,7 +281,35 @@ def summarise(
     for column in ("faithfulness", "completeness", "faithfulness_heldout", "completeness_heldout"):
         curve = {int(n): float(v) for n, v in top_rows[column].items()}
         summary[column.replace("ness", "ness_curve", 1)] = curve
-    return summary
+    return flags.with_flags(summary)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    """A summary number for the headline; `none` where the summary has none (no faithful
+    circuit size: the metrics at it are null)."""
+    return "none" if x is None else format(x, spec)
+
+
+def headline(behaviour: str, s: dict[str, Any]) -> str:
+    """The script's one line about a summary: the circuit's faithfulness and completeness (or
+    that no size is faithful), the top head drops and how many flags summary.json raises."""
+    heads = ", ".join(
+        f"L{h['layer']}H{h['head']} {_fmt(h['drop_frac'], '.0%')}" for h in s["top_heads"][:3]
+    )
+    if s["circuit_size"] is None:
+        circuit = (
+            f"no circuit size reaches faithfulness {s['faithfulness_threshold']} on the "
+            "selection half"
+        )
+    else:
+        circuit = (
+            f"faithfulness {_fmt(s['faithfulness'])} (held out "
+            f"{_fmt(s['faithfulness_heldout'])}), completeness {_fmt(s['completeness'])} at "
+            f"n={s['circuit_size']}; smallest faithful n={s['smallest_faithful_size']}"
+        )
+    n_flags = len(s.get("flags") or [])
+    flagged = f"; {n_flags} flags in summary.json" if n_flags else ""
+    return f"{behaviour}: {circuit}; top head drops {heads or 'none'}{flagged}"
 
 
 def intervene(
@@ -322,7 +376,8 @@ def intervene(
     }
     out = Path(out_dir)
     write(out, tables, cfg, model.cfg, behaviour)
-    summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds)
+    inert = inert_heads(attr, singles)
+    summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds, inert)
     summary |= counter.summary(len(prompts))
     write_json(out / "summary.json", summary)  # last: the rule's main output
     log.info(

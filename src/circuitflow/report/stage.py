@@ -1,7 +1,8 @@
 """The report rules (sae_summary, report_baseline, report_behaviour, report_provenance,
 report_gpu_hours, job_costs): each writes its HTML page for `snakemake --report`, with a CSV
 beside every table and the figures; report_behaviour also the attribution graph's page with the
-interventions' steering results. The tables and figures themselves are in `tables.py`,
+interventions' steering results, the graph's own faithfulness and completeness as a circuit and
+the flags on the interventions' numbers. The tables and figures themselves are in `tables.py`,
 `job_costs.py` and `gpu_hours.py`.
 """
 
@@ -54,13 +55,15 @@ def behaviour(name: str, attribution_dir, interventions_dir, out_html, top: int 
 
 def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
     """The attribution stage's graph page again, now that the interventions stage has run: each
-    steered feature's card adds the tokens it promotes (interventions/steering.parquet). This is
-    the copy the report shows."""
+    steered feature's card adds the tokens it promotes (interventions/steering.parquet), and
+    the header the graph's own faithfulness and completeness as a circuit with the flags on the
+    interventions' numbers (interventions/summary.json). This is the copy the report shows."""
     attr, iv = Path(attribution_dir), Path(interventions_dir)
     graph = json.loads((attr / "graph.json").read_text())
     contexts = pd.read_parquet(attr / "feature_contexts.parquet")
     steering = pd.read_parquet(iv / "steering.parquet")
-    write_text(out_html, graph_html(graph, f"{name} circuit", contexts, steering))
+    summary = json.loads((iv / "summary.json").read_text())
+    write_text(out_html, graph_html(graph, f"{name} circuit", contexts, steering, summary))
 
 
 def provenance(provenance_dir, out_html) -> None:

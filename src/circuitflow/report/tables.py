@@ -4,8 +4,11 @@ shows HTML and images inline) with a CSV beside each table for reuse.
 - `sae_table` / `plot_sae_metrics` / `plot_controller`: SAE metrics per site and layer (L0,
   explained variance, CE loss recovered, dead fraction) and the L0 controller's history.
 - `baseline_table`: baseline metrics of every behaviour.
-- `behaviour_page`: per behaviour, the top attribution nodes, the faithfulness and completeness
-  summary with its random control, single-head ablations and head sets.
+- `behaviour_sections`: per behaviour, the flags on its headline numbers (a random control that
+  reaches its circuit's value, a faithfulness under the threshold), the faithfulness and
+  completeness summary with its random controls, attribution's validation kind by kind, the top
+  attribution nodes, single-head ablations and head sets (inert heads, score exactly 0, left
+  out and named).
 - `provenance_page`: the reproducibility checklist from `provenance/`.
 - `gpu_hours_sections`: GPU-hours of a full run from the GPU suite's results, and those results.
 """
@@ -217,69 +220,180 @@ def _first(items: list, n: int) -> str:
     return ", ".join(map(str, items[:n])) + more
 
 
+def _num(x: Any, spec: str = ".3f") -> str:
+    """A summary number, or `n/a` where summary.json has none (null: not a number)."""
+    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)) or pd.isna(x):
+        return "n/a"
+    return format(x, spec)
+
+
 def _graph_cell(graph: dict | None) -> str:
     if not graph:
-        return "no graph"
-    heldout = graph.get("faithfulness_heldout", float("nan"))
+        return "no graph (none of its nodes is a circuit candidate)"
     return (
-        f"{graph['faithfulness']:.3f} (held out {heldout:.3f}), "
-        f"{graph['completeness']:.3f} ({graph['n']} nodes)"
+        f"{_num(graph.get('faithfulness'))} (held out {_num(graph.get('faithfulness_heldout'))}), "
+        f"{_num(graph.get('completeness'))} (held out {_num(graph.get('completeness_heldout'))}) "
+        f"({graph.get('n')} nodes)"
     )
+
+
+NO_CIRCUIT = "none: no circuit size is faithful on the selection half"
 
 
 def _mean_std(summary: dict, key: str) -> str:
     """`mean ± std` of a summary metric, or why there is none (no faithful circuit size)."""
     value = summary.get(key)
     if value is None:
-        return "none: no circuit size is faithful on the selection half"
-    return f"{value:.3f} ± {summary.get(key + '_std') or 0:.3f}"
+        return NO_CIRCUIT if summary.get("circuit_size") is None else "n/a"
+    return f"{_num(value)} ± {_num(summary.get(key + '_std') or 0)}"
+
+
+def _flag_cells(summary: dict, rows: list[tuple[str, Any, tuple[str, ...]]]) -> list[str]:
+    """Per row, the flags (interventions/flags.py) on the numbers it shows: the row's keys are
+    flag keys (`faithfulness_heldout`, ...) or, for a control's row, its `random_*` key."""
+    from circuitflow.interventions import flags as fl
+
+    marks: dict[str, list[str]] = {}
+    reaches = fl.random_reaches_circuit(summary)
+    for key, control in fl.RANDOM_CONTROLS:
+        if reaches[key]:
+            for k in (key, control):
+                marks.setdefault(k, []).append("random control reaches the circuit's value")
+    for key, under in fl.below_threshold(summary).items():
+        if under:
+            marks.setdefault(key, []).append("under the faithfulness threshold")
+    return [
+        "; ".join(dict.fromkeys(m for k in keys for m in marks.get(k, []))) for *_, keys in rows
+    ]
+
+
+def flags_html(summary: dict) -> str:
+    """The summary's flags as a list, or a line saying there are none."""
+    from circuitflow.interventions.flags import flags
+
+    found = flags(summary)
+    if not found:
+        return note(
+            "no flags: every random control stays under its circuit's value and every "
+            "faithfulness reaches the threshold"
+        )
+    items = "".join(f'<li class="bad">{html.escape(f["text"])}</li>' for f in found)
+    return f"<ul>{items}</ul>"
+
+
+def validation_html(graph: dict) -> str:
+    """Attribution's validation against exact patching: the verdict (every kind with enough
+    nodes must pass) and the agreement kind by kind."""
+    val = graph.get("validation") or {}
+    verdict = {True: "passed", False: "failed"}.get(val.get("passed"), "not judged")
+    failed = val.get("failed_kinds") or []
+    text = (
+        f"{html.escape(str(val.get('method')))} against exact patching: Spearman "
+        f"{_num(val.get('spearman'))} over {val.get('n_nodes')} nodes (threshold "
+        f'{val.get("threshold")}): <span class="{"ok" if val.get("passed") else "bad"}">'
+        f"{verdict}</span>"
+    )
+    if failed:
+        text += (
+            f"; kinds with at least {val.get('min_kind_nodes')} nodes that fail: "
+            + html.escape(", ".join(failed))
+        )
+    rows = [
+        {"kind": k, "spearman": v.get("spearman"), "n_nodes": v.get("n_nodes"),
+         "n_inert": v.get("n_inert"), "passed": v.get("passed")}
+        for k, v in sorted((val.get("by_kind") or {}).items())
+    ]  # fmt: skip
+    return note(text) + (table_html(pd.DataFrame(rows)) if rows else "")
+
+
+def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]:
+    """Heads whose score is exactly 0 (inert: a pruned head, W_O = 0, or one nothing moves)
+    left out of a heads table, and a note naming them."""
+    if frame.empty or "score" not in frame:
+        return frame, ""
+    inert = frame[frame["score"] == 0]
+    if inert.empty:
+        return frame, ""
+    names = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in inert.itertuples())
+    return frame[frame["score"] != 0], note(
+        f"{len(inert)} heads whose {what} is exactly 0 (inert, such as pruned heads) are not "
+        f"shown: {names}"
+    )
 
 
 def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) -> list:
-    """Sections of a behaviour's page: attribution's top nodes, the interventions' summary with
-    controls, head ablations (single and sets)."""
+    """Sections of a behaviour's page: the flags on its headline numbers, the interventions'
+    summary with controls, attribution's validation and top nodes, head ablations (single and
+    sets)."""
     attr_dir, iv_dir = Path(attr_dir), Path(iv_dir)
     sections = []
     summary = json.loads((iv_dir / "summary.json").read_text())
     halves = (f"{summary.get('n_prompts_selection')} prompts to choose the circuit on, "
               f"{summary.get('n_prompts_heldout')} held out")  # fmt: skip
+    size = summary.get("circuit_size")
+    smallest = summary.get("smallest_faithful_size")
+    threshold = summary.get("faithfulness_threshold")
     rows = [
-        ("ablation", summary.get("ablation")),
-        ("prompts", halves),
-        ("logit difference, clean model", summary.get("logit_diff_clean")),
-        ("logit difference, everything ablated", summary.get("logit_diff_empty")),
-        ("circuit size (source)", f"{summary.get('circuit_size')} "
-         f"({summary.get('circuit_size_source')})"),
-        ("circuit (top nodes)", _first(summary.get("circuit") or [], 24)),
-        ("faithfulness ± std, selection half", _mean_std(summary, "faithfulness")),
-        ("faithfulness ± std, held-out half", _mean_std(summary, "faithfulness_heldout")),
+        ("ablation", summary.get("ablation"), ()),
+        ("prompts", halves, ()),
+        ("logit difference, clean model", summary.get("logit_diff_clean"), ()),
+        ("logit difference, everything ablated", summary.get("logit_diff_empty"), ()),
+        ("circuit size (source)", f"{'none' if size is None else size} "
+         f"({summary.get('circuit_size_source')})", ()),
+        ("circuit (top nodes)", _first(summary.get("circuit") or [], 24) or "none", ()),
+        ("faithfulness ± std, selection half", _mean_std(summary, "faithfulness"),
+         ("faithfulness",)),
+        ("faithfulness, random circuits of that make-up (control, selection half)",
+         summary.get("random_faithfulness"), ("random_faithfulness",)),
+        ("faithfulness ± std, held-out half", _mean_std(summary, "faithfulness_heldout"),
+         ("faithfulness_heldout",)),
         ("faithfulness, random circuits of that make-up (control, held out)",
-         summary.get("random_faithfulness_heldout")),
-        ("completeness ± std, selection half", _mean_std(summary, "completeness")),
-        ("completeness ± std, held-out half", _mean_std(summary, "completeness_heldout")),
+         summary.get("random_faithfulness_heldout"), ("random_faithfulness_heldout",)),
+        ("completeness ± std, selection half", _mean_std(summary, "completeness"),
+         ("completeness",)),
+        ("completeness, random circuits (control, selection half)",
+         summary.get("random_completeness"), ("random_completeness",)),
+        ("completeness ± std, held-out half", _mean_std(summary, "completeness_heldout"),
+         ("completeness_heldout",)),
         ("completeness, random circuits (control, held out)",
-         summary.get("random_completeness_heldout")),
+         summary.get("random_completeness_heldout"), ("random_completeness_heldout",)),
         ("mean faithfulness over log circuit size (AUC), held out",
-         summary.get("faithfulness_auc")),
-        ("circuit candidates", f"{summary.get('n_nodes')} nodes: {summary.get('circuit_nodes')}"),
-        (f"smallest circuit with faithfulness >= {summary.get('faithfulness_threshold')}",
-         f"{summary.get('smallest_faithful_size')} nodes "
-         f"{_cell(summary.get('smallest_faithful_by_kind'))}"),
+         summary.get("faithfulness_auc"), ()),
+        ("circuit candidates", f"{summary.get('n_nodes')} nodes: {summary.get('circuit_nodes')}",
+         ()),
+        (f"smallest circuit with faithfulness >= {threshold}",
+         f"{smallest} nodes {_cell(summary.get('smallest_faithful_by_kind'))}"
+         if smallest is not None else NO_CIRCUIT, ("faithfulness_at_smallest",)),
         ("faithfulness of random circuits of that size (control)",
-         summary.get("random_faithfulness_at_smallest")),
+         summary.get("random_faithfulness_at_smallest"), ("random_faithfulness_at_smallest",)),
         ("attribution graph's nodes as a circuit: faithfulness, completeness",
-         _graph_cell(summary.get("graph_circuit"))),
-        ("seeds", summary.get("seeds")),
+         _graph_cell(summary.get("graph_circuit")),
+         ("graph_circuit.faithfulness", "graph_circuit.faithfulness_heldout")),
+        ("seeds", summary.get("seeds"), ()),
     ]  # fmt: skip
-    table = pd.DataFrame(rows, columns=["quantity", "value"]).astype({"value": str})
-    table["value"] = [_cell(v) for _, v in rows]
+    table = pd.DataFrame(
+        {
+            "quantity": [q for q, *_ in rows],
+            "value": [_cell(v) for _, v, _ in rows],
+            "flag": _flag_cells(summary, rows),
+        }
+    )
+    sections.append(("Flags on these numbers (interventions/summary.json)", flags_html(summary)))
     sections.append(("Faithfulness and completeness (interventions/summary.json)",
                      table_html(table)))  # fmt: skip
-    heads = pd.read_parquet(attr_dir / "heads.parquet")
+    graph_path = attr_dir / "graph.json"
+    if graph_path.exists():
+        graph = json.loads(graph_path.read_text())
+        sections.append(
+            ("Attribution's validation against exact patching (attribution/graph.json)",
+             validation_html(graph))
+        )  # fmt: skip
+    heads, left_out = _leave_out_inert(pd.read_parquet(attr_dir / "heads.parquet"), "score")
     sections.append(
         (
             f"Top {n} heads by attribution (attribution/heads.parquet)",
-            table_html(_cols(_top(heads, n), ["layer", "head", "score", "score_exact", "rank"])),
+            left_out
+            + table_html(_cols(_top(heads, n), ["layer", "head", "score", "score_exact", "rank"])),
         )
     )
     features = pd.read_parquet(attr_dir / "features.parquet")
@@ -291,7 +405,9 @@ def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) ->
             + table_html(_cols(_top(features, n), feat_cols)),
         )
     )
-    singles = pd.read_parquet(iv_dir / "heads.parquet")
+    singles, left_out = _leave_out_inert(
+        pd.read_parquet(iv_dir / "heads.parquet"), "ablation effect"
+    )
     head_cols = [
         "layer", "head", "score", "score_std", "drop_frac", "accuracy_change",
         "calibration_error_change", "p_value", "attribution_score", "rank",
@@ -299,16 +415,26 @@ def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) ->
     sections.append(
         (
             f"Single-head ablations, top {n} by effect (interventions/heads.parquet)",
-            table_html(_cols(_top(singles, n), head_cols)),
+            left_out + table_html(_cols(_top(singles, n), head_cols)),
         )
     )
     sets = pd.read_parquet(iv_dir / "head_sets.parquet")
     set_cols = ["set", "heads", "score", "score_std", "additive", "interaction", "drop_frac"]
     top_sets = sets[sets["set"] != "random"] if "set" in sets else sets
+    among = summary.get("top_k_heads")
+    inert = summary.get("inert_heads") or []
+    set_note = (
+        note(
+            f"among the top heads by attribution: {', '.join(among)}"
+            + (f" (inert heads left out: {', '.join(inert)})" if inert else "")
+        )
+        if among is not None
+        else ""
+    )
     sections.append(
         (
             f"Head pairs and triplets, top {n} (interventions/head_sets.parquet)",
-            table_html(_cols(_top(top_sets, n), set_cols)),
+            set_note + table_html(_cols(_top(top_sets, n), set_cols)),
         )
     )
     return sections
