@@ -63,3 +63,27 @@ def test_missing_package_and_disk_are_listed(monkeypatch, tmp_path):
     text = check_env.format_checks(checks)
     assert "package no-such-package-xyz: missing" in text
     assert "free disk under" in text and "2 requirement(s) not met" in text
+
+
+def test_disk_check_counts_what_the_configured_run_writes(monkeypatch, tmp_path):
+    """A Qwen2.5-0.5B run writes about 180 GB of activations (4M rows x 24 layers x 896 x 2
+    bytes): 75 GiB free is refused, naming what the run writes; the default run fits."""
+    import collections
+
+    import yaml
+    from helpers.dag import REPO as REPO_ROOT
+
+    from circuitflow import config as cf_config
+    from circuitflow import resources
+
+    qwen = cf_config.load(REPO_ROOT / "config" / "qwen2.5-0.5b.yaml")
+    plan = resources.disk_plan(qwen)
+    assert plan["activations"] >= 4_194_304 * 24 * 896 * 2
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(check_env.shutil, "disk_usage", lambda p: usage(0, 0, 75 * 2**30))
+    check = check_env.check_disk(tmp_path, 5.0, plan)
+    total = sum(plan.values()) / 2**30
+    assert not check["ok"] and f"the configured run writes {total:,.1f} GiB" in check["detail"]
+    assert "activations 168.4" in check["detail"], check  # GiB, by part
+    embedded = cf_config.resolve(yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text()))
+    assert check_env.check_disk(tmp_path, 5.0, resources.disk_plan(embedded))["ok"]

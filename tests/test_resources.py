@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import math
 
+import pytest
 import yaml
 from helpers.dag import REPO
 
@@ -62,7 +64,107 @@ def test_retries_get_more_memory_and_walltime_within_the_cap():
         assert resources.runtime(EMBEDDED, rule, 2) > resources.runtime(EMBEDDED, rule, 1)
     big = _real("gpt2", 12)
     big["sae"] = {**big["sae"], "total_tokens": 10**10}
-    assert resources.runtime(big, "train_sae", 3, cap=720) == 720
+    sl3 = resources.Cluster(max_runtime=720)
+    assert resources.runtime(big, "train_sae", 3, sl3) == 720
+    # A job that resumes from checkpoints starts with a few hours at most and grows on retries.
+    first = resources.runtime(big, "train_sae", 1)
+    assert first == resources.Cluster().resumable_max_runtime
+    assert resources.runtime(big, "train_sae", 2) == 2 * first
+
+
+def test_walltime_follows_the_counted_work():
+    """The work part of a walltime grows with the work: SAE tokens, the SAE's width (the FLOPs
+    per token are 12 d_in d_sae), prompts; a lower share of the peak means longer."""
+    gpt2 = _real("gpt2", 12)
+    gpt2["sae"]["total_tokens"] = 10**8  # the SAE's evaluation, a constant, is then < 1%
+    cluster = resources.Cluster(startup_minutes=0, resumable_max_runtime=10**6)
+
+    def minutes(cfg: dict, rule: str, c: resources.Cluster = cluster) -> float:
+        return resources.work_seconds(cfg, rule, c) / 60
+
+    base = minutes(gpt2, "train_sae")
+    more = copy.deepcopy(gpt2)
+    more["sae"]["total_tokens"] *= 4
+    assert minutes(more, "train_sae") == pytest.approx(4 * base, rel=0.01)
+    # The SAE's FLOPs alone at 5% of an A100's TF32 peak: 12 d_in d_sae per token.
+    d_sae = gpt2["sae"]["expansion_factor"] * 768
+    flops = gpt2["sae"]["total_tokens"] * 12 * 768 * d_sae
+    assert base * 60 >= flops / (0.05 * 156e12)
+    slower = resources.Cluster(startup_minutes=0, gpu_peak_percent=2.5)
+    assert minutes(gpt2, "attribution", slower) == pytest.approx(
+        2 * minutes(gpt2, "attribution"), rel=1e-6
+    )
+    prompts = copy.deepcopy(gpt2)
+    prompts["behaviours"] = {"b": {"source": "ioi", "n_prompts": 1024}}
+    gpt2["behaviours"] = {"b": {"source": "ioi", "n_prompts": 256}}
+    assert minutes(prompts, "baseline") == pytest.approx(4 * minutes(gpt2, "baseline"))
+    # Start-up is added once per job, in whole minutes.
+    assert resources.runtime(gpt2, "baseline") == math.ceil(10 + minutes(gpt2, "baseline"))
+
+
+READY = {name: REPO / "config" / f"{name}.yaml" for name in ("gpt2-small", "qwen2.5-0.5b")}
+SUITE = REPO / "benchmarks" / "results" / "cpu.json"
+STAGE_RULES = {
+    "baseline": "baseline",
+    "capture": "capture",
+    "train_sae": "train_sae",
+    "attribution": "attribution",
+    "interventions": "interventions",
+}
+
+
+def csd3_cluster() -> resources.Cluster:
+    """The Cluster that profiles/csd3 states, read as common.smk reads it."""
+    profile = yaml.safe_load((REPO / "profiles" / "csd3" / "config.yaml").read_text())
+    settings = profile["default-resources"]
+    return resources.Cluster.from_settings(
+        lambda name, default: resources.setting_value(settings.get(name, default))
+    )
+
+
+@pytest.mark.parametrize("name", sorted(READY))
+def test_first_attempts_of_the_ready_configs_fit_their_work(name):
+    """On the CSD3 profile no first attempt asks for more than 6 hours, and every GPU job asks
+    for at least 3x the project's own projection of its time (report/gpu_hours.py, from the
+    rates the GPU suite measured: benchmarks/results/cpu.json)."""
+    from circuitflow.report import gpu_hours
+
+    config = cf_config.load(READY[name])
+    cluster = csd3_cluster()
+    assert cluster.gpu_type == "A100" and cluster.max_runtime == 2160
+    projected = gpu_hours.estimate(gpu_hours.load_suite(SUITE), config).set_index("stage")
+    prompts = {b: spec["n_prompts"] for b, spec in config["behaviours"].items()}
+    for stage, rule in STAGE_RULES.items():
+        row = projected.loc[stage]
+        jobs = {b: n / sum(prompts.values()) for b, n in prompts.items()}
+        if rule in ("capture", "train_sae"):
+            jobs = {None: 1 / row["jobs"]}
+        for behaviour, share in jobs.items():
+            minutes = resources.runtime(config, rule, 1, cluster, behaviour)
+            own = row["a100_hours"] * share * 60
+            assert minutes <= 6 * 60, (rule, behaviour, minutes)
+            assert minutes >= 3 * own, (rule, behaviour, minutes, own)
+    for rule in ("prompts", "capture_tokens", "provenance", "job_costs"):
+        assert resources.runtime(config, rule, 1, cluster) <= 6 * 60
+
+
+def test_accounts_are_refused_with_one_line():
+    assert resources.account_problem("gpu_account", "PROJ-SL2-GPU") is None
+    doubled = resources.account_problem("gpu_account", "PROJ-SL2-GPU-GPU")
+    assert "CSD3_ACCOUNT=PROJ-SL2 " in doubled and "\n" not in doubled
+    assert "CSD3_ACCOUNT=PROJ-SL2 " in resources.account_problem(
+        "slurm_account", "PROJ-SL2-gpu-CPU"
+    )
+    for unset in ("", "-CPU", "${CSD3_ACCOUNT}-GPU"):
+        assert "export CSD3_ACCOUNT" in resources.account_problem("slurm_account", unset)
+
+
+def test_profile_settings_are_parsed_like_yaml_values(monkeypatch):
+    monkeypatch.setenv("CSD3_ACCOUNT", "PROJ-SL3")
+    assert resources.setting_value("'${CSD3_ACCOUNT}-GPU'") == "PROJ-SL3-GPU"
+    assert resources.setting_value("50") == 50 and resources.setting_value(240) == 240
+    cluster = resources.Cluster.from_settings({"gpu_type": "H100", "gpu_peak_percent": 10}.get)
+    assert (cluster.gpu_type, cluster.peak_share, cluster.startup_minutes) == ("H100", 0.1, 10)
 
 
 def test_gpus_and_cpus():
@@ -70,6 +172,6 @@ def test_gpus_and_cpus():
     assert resources.gpus(EMBEDDED, "prompts") == 0
     assert resources.gpus({**EMBEDDED, "device": "cpu"}, "train_sae") == 0
     gpt2 = _real("gpt2", 12)
-    for rule in resources.BASE_RUNTIME:
+    for rule in (*resources.GPU_RULES, *resources.LIGHT_RULES, "prompts", "capture_tokens"):
         n = resources.threads(gpt2, rule)
         assert 1 <= n <= resources.MAX_CPUS_PER_GPU * max(1, resources.gpus(gpt2, rule))

@@ -99,15 +99,23 @@ def check_torch(facts: dict) -> list[dict]:
     ]
 
 
-def check_disk(outdir: Path | str, min_free_gb: float) -> dict:
-    """Free space on the file system that holds `outdir` (its nearest existing parent)."""
+def check_disk(outdir: Path | str, min_free_gb: float, plan: dict[str, int] | None = None) -> dict:
+    """Free space on the file system that holds `outdir` (its nearest existing parent): at least
+    `min_free_gb`, and at least what the configured run writes there (`plan`: bytes by part,
+    resources.disk_plan)."""
     path = Path(outdir).resolve()
     while not path.exists() and path != path.parent:
         path = path.parent
     free_gb = shutil.disk_usage(path).free / 2**30
-    ok = free_gb >= min_free_gb
-    detail = "" if ok else f"less than {min_free_gb:g} GiB free under {path}"
-    return _record(f"free disk under {outdir}", ok, f"{free_gb:.1f} GiB", detail)
+    need_gb = max(min_free_gb, sum((plan or {}).values()) / 2**30)
+    ok = free_gb >= need_gb
+    detail = ""
+    if not ok and plan and need_gb > min_free_gb:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v / 2**30:,.1f}" for k, v in plan.items())
+        detail = f"the configured run writes {need_gb:,.1f} GiB under {path} ({parts} GiB)"
+    elif not ok:
+        detail = f"less than {min_free_gb:g} GiB free under {path}"
+    return _record(f"free disk under {outdir}", ok, f"{free_gb:,.1f} GiB", detail)
 
 
 def resolve_device(config: dict, facts: dict) -> tuple[str, list[dict]]:
@@ -216,7 +224,10 @@ def run_checks(
     except ImportError as err:
         return [*checks, _record("torch import", False, None, str(err))]
     checks += check_torch(facts)
-    checks.append(check_disk(outdir or config.get("outdir", "results"), min_free_gb))
+    from circuitflow import resources  # imports torch, checked above
+
+    plan = resources.disk_plan(config) if "capture" in config else None
+    checks.append(check_disk(outdir or config.get("outdir", "results"), min_free_gb, plan))
     device, device_checks = resolve_device(config, facts)
     checks += device_checks
     dtype = _torch_dtype((config.get("model") or {}).get("dtype", "auto"), device, facts)

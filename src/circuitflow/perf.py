@@ -7,6 +7,7 @@ elementwise ops are left out. Roofline share = FLOPs per token x measured tokens
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,6 +113,35 @@ def attribution_passes(
     if acfg.validation_edges:
         # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
         parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
+    return parts
+
+
+def interventions_passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
+    """Forward-pass equivalents per prompt of the interventions stage, an upper bound by part
+    (the parts its PassCounter names), read off interventions/: every ablated run is one forward
+    pass of every prompt. Zero and mean ablations serve every seed from one run; resample
+    ablation runs each seed. The circuit candidates are bounded by every component, every SAE
+    feature and error term (the stage takes the features that fire), so the grid of circuit
+    sizes and the bisection are bounds too. `icfg` is an InterventionsConfig."""
+    layers, heads = model_cfg.n_layers, model_cfg.n_heads
+    seeds = icfg.n_seeds if icfg.ablation == "resample" else 1
+    candidates = 1 + layers * heads + layers + n_saes * (d_sae + 1)
+    if icfg.circuit_sizes is not None:
+        grid = len(set(icfg.circuit_sizes)) + 1
+    else:
+        grid = candidates + 1 if candidates <= 64 else 24 + 3
+    bisection = math.ceil(math.log2(max(candidates, 2)))
+    random = icfg.n_random_circuits
+    # The clean run, the mean reference, each SAE's features on the clean prompts; per size the
+    # circuit and its complement (seed-averaged) and every random draw's pair; the graph's pair;
+    # the bisection's pairs and the random draws at the size it finds; everything ablated.
+    circuits = 2.0 + n_saes + seeds * (2 * grid + 2 + 2 * bisection + 1) + 2 * random * (grid + 1)
+    sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
+               for k in range(2, icfg.max_set_size + 1))  # fmt: skip
+    parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
+    chosen = icfg.n_features * (1 + icfg.n_random_features)
+    steered = icfg.n_features * 2 * sum(1 for a in icfg.steering_alphas if a)
+    parts["features"] = float(n_saes + seeds * chosen + steered)
     return parts
 
 

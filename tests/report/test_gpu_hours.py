@@ -70,7 +70,14 @@ def test_gpu_hours_from_a_suite_result(small):
     with pytest.raises(ValueError, match="--small"):
         gpu_hours.estimate(result, gpu_hours.load_config(QWEN))
     frame = gpu_hours.estimate(result, gpu_hours.load_config(QWEN), allow_small=True)
-    assert list(frame["stage"]) == ["capture", "train_sae", "attribution", "total"]
+    assert list(frame["stage"]) == [
+        "baseline",
+        "capture",
+        "train_sae",
+        "attribution",
+        "interventions",
+        "total",
+    ]
     assert (frame["a100_hours"] > 0).all()
     assert frame["a100_hours"].iloc[-1] == pytest.approx(frame["a100_hours"].iloc[:-1].sum())
     by_stage = frame.set_index("stage")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.dag import read_json
+from helpers.dag import REPO, read_json
 
 pytestmark = pytest.mark.slow
 
@@ -32,3 +32,45 @@ def test_default_saes_meet_the_quality_bar(default_results):
         assert metrics["ce_zero"] > metrics["ce_sae"] >= metrics["ce_clean"] - 0.05
         sae = SAE.load_from_disk(str(sae_dir))
         assert sae.cfg.metadata.hook_name == f"blocks.{layer}.hook_resid_post"
+
+
+def test_interventions_stay_within_the_planned_passes(default_results):
+    """perf.interventions_passes (what walltimes and the GPU-hours estimate charge) bounds the
+    stage's own count (perf.PassCounter) part by part, and stays within 2x of it: a walltime
+    from the bound is neither short nor padded tenfold."""
+    from circuitflow import config as cf_config
+    from circuitflow import perf
+    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.model import architectures
+
+    config = cf_config.load(REPO / "config" / "config.yaml")
+    cfg = architectures.model_cfg(config)
+    d_sae = config["sae"]["expansion_factor"] * cfg.d_model
+    icfg = InterventionsConfig.from_dict(config["interventions"])
+    planned = perf.interventions_passes(cfg, len(config["layers"]), d_sae, icfg)
+    for behaviour in ("induction", "facts"):
+        summary = read_json(default_results / "interventions" / behaviour / "summary.json")
+        counted = summary["forward_equivalents_by_part"]
+        assert set(counted) == set(planned), counted
+        for part, passes in counted.items():
+            assert passes <= planned[part], (behaviour, part, passes, planned[part])
+        total = summary["forward_equivalents_per_prompt"]
+        assert total <= sum(planned.values()) <= 2 * total, (behaviour, total, planned)
+
+
+def test_disk_plan_matches_the_files_the_default_run_wrote(default_results):
+    """resources.disk_plan (what `snakemake check` requires free) against the files on disk:
+    the activation files and the SAEs within 5%, and the whole results directory within the
+    plan."""
+    from circuitflow import config as cf_config
+    from circuitflow import resources
+
+    plan = resources.disk_plan(cf_config.load(REPO / "config" / "config.yaml"))
+
+    def size(pattern: str) -> int:
+        return sum(p.stat().st_size for p in default_results.glob(pattern) if p.is_file())
+
+    acts = size("activations/**/*.h5") + size("activations/tokens.*")
+    assert acts == pytest.approx(plan["activations"], rel=0.05)
+    assert size("saes/**/sae_weights.safetensors") == pytest.approx(plan["saes"], rel=0.05)
+    assert size("**/*") <= sum(plan.values())

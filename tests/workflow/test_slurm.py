@@ -21,6 +21,8 @@ if __name__ == "__main__":  # run as a script (to regenerate the profile): helpe
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.dag import REPO, SNAKEMAKE, load_test_config, run_snakemake
 
+from circuitflow import config as cf_config
+from circuitflow import resources
 from circuitflow.resources import GPU_RULES
 
 pytestmark = pytest.mark.slow
@@ -72,11 +74,16 @@ def _dry_run_jobs(tmp_path: Path, configfile: Path, env: dict) -> list[dict]:
     cmd += ["--directory", str(tmp_path)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    jobs, job = [], None
+    jobs, job, group = [], None, None
     for line in done.stdout.splitlines():
-        if m := re.match(r"^(local)?rule (\w+):", line):
-            job = {"rule": m.group(2), "local": bool(m.group(1)), "threads": 1, "wildcards": ""}
-            jobs.append(job)
+        if m := re.search(r"Group job (\w+) ", line):
+            group = m.group(1)
+        elif m := re.match(r"^(\s*)(local)?rule (\w+):", line):
+            # Members of a group job are indented under its "Group job" line.
+            group = group if m.group(1) else None
+            job = {"rule": m.group(3), "local": bool(m.group(2)), "threads": 1, "wildcards": ""}
+            jobs.append(job | {"group": group})
+            job = jobs[-1]
         elif job and (m := re.match(r"^\s+(threads|resources|wildcards): (.*)$", line)):
             job[m.group(1)] = m.group(2)
     for job in jobs:
@@ -141,12 +148,32 @@ def test_csd3_dry_run_follows_csd3_rules(tmp_path):
     for rule in ("prompts", "provenance", "capture_tokens"):
         assert "--gres" not in lines[rule], lines[rule]
     print("\n".join(f"{rule}: {line}" for rule, line in sorted(lines.items())))
+    # Walltimes are the planner's for the profile's cluster: train_sae's first attempt from its
+    # work (20M tokens of a 24,576-latent SAE), well under the 36 h cap.
+    config = cf_config.load(configfile)
+    settings = yaml.safe_load(CSD3.read_text())["default-resources"]
+    cluster = resources.Cluster.from_settings(
+        lambda name, default: resources.setting_value(settings.get(name, default))
+    )
+    for job in saes:
+        assert job["resources"]["runtime"] == resources.runtime(config, "train_sae", 1, cluster)
+        assert job["resources"]["runtime"] <= 6 * 60
+    # Short CPU jobs are grouped: one submission before the GPU stages, one for the report.
+    groups = {j["rule"]: j["group"] for j in jobs}
+    assert {groups[r] for r in ("prompts", "provenance", "capture_tokens")} == {"inputs"}
+    assert {groups[r] for r in ("job_costs", "report_behaviour", "sae_summary")} == {"report"}
+    assert {groups[r] for r in ("train_sae", "baseline", "attribution", "capture")} == {None}
 
-    # Without the account: one clear error before anything is submitted.
-    env.pop("CSD3_ACCOUNT")
+    # Without the account, or with its -GPU suffix: one clear error before anything is submitted.
     cmd = [*SNAKEMAKE, "--profile", "profiles/csd3", "--configfile", str(configfile), "-n"]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode != 0 and "export CSD3_ACCOUNT" in done.stdout + done.stderr
+    for account, message in (
+        (None, "export CSD3_ACCOUNT"),
+        ("DUMMY-SL2-GPU", "CSD3_ACCOUNT=DUMMY-SL2 "),
+    ):
+        env.pop("CSD3_ACCOUNT", None)
+        env.update({"CSD3_ACCOUNT": account} if account else {})
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode != 0 and message in done.stdout + done.stderr, account
 
 
 # ------------------------------------------------------------------- the local Slurm cluster ---
@@ -196,8 +223,9 @@ def _submitted(log: str) -> dict[str, list[str]]:
     """rule/wildcards -> Slurm job ids, from the plugin's log lines."""
     jobs: dict[str, list[str]] = {}
     for jobid, path in re.findall(r"SLURM jobid (\d+) \(log: (\S+?)\)", log):
-        # <slurm-logdir>/rule_<name>[/<wildcards>]/<jobid>.log
-        key = path[path.rindex("/rule_") + 1 :].rsplit("/", 1)[0]
+        # <slurm-logdir>/rule_<name>[/<wildcards>]/<jobid>.log, or group_<name>/... for a group
+        start = max(path.rfind("/rule_"), path.rfind("/group_"))
+        key = path[start + 1 :].rsplit("/", 1)[0]
         jobs.setdefault(key, []).append(jobid)
     return jobs
 
@@ -241,6 +269,8 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     jobs = _submitted(log)
     assert {"rule_train_sae/resid_post_0", "rule_train_sae/resid_post_1"} <= set(jobs), jobs
     assert "rule_train_model" in {k.split("/")[0] for k in jobs}
+    # The prompts ran in the profile's group of short CPU jobs: one sbatch, not one per job.
+    assert "group_inputs" in {k.split("/")[0] for k in jobs}, jobs
     ids = [i for v in jobs.values() for i in v]
     states = _sacct(ids)
     assert all(states[i][0] == "COMPLETED" for i in ids), states

@@ -1,7 +1,5 @@
 # Helpers shared by the rules: the validated config, layer lists, behaviours and output paths.
-import ast
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -102,35 +100,31 @@ PROFILE_RESOURCES = {
 def profile_setting(name, default=None):
     """A profile default-resource as a value: env vars expanded, quotes removed."""
     raw = PROFILE_RESOURCES.get(name)
-    if not isinstance(raw, str):
-        return default if raw is None else raw
-    value = os.path.expandvars(raw)
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
+    return default if raw is None else cf_resources.setting_value(raw)
 
 
 # Without a valid account sbatch fails per job with an obscure message; say it once, up front
 # (not inside Slurm jobs, which re-read this file).
 if workflow.is_main_process:
     for key in ("slurm_account", "gpu_account"):
-        account = str(profile_setting(key, "set"))
-        if not account or "$" in account or account.startswith("-"):
-            raise WorkflowError(
-                f"Slurm account not set ({key} = {account!r}): export CSD3_ACCOUNT=PROJECT-SL2 "
-                "(`mybalance` lists your projects) or edit slurm_account in your profile"
-            )
+        problem = cf_resources.account_problem(key, profile_setting(key, "set"))
+        if problem:
+            raise WorkflowError(problem)
+
+
+# The machine a job's walltime assumes (resources.Cluster): the profile's settings, else CSD3's.
+CLUSTER = cf_resources.Cluster.from_settings(profile_setting)
 
 
 def job_resources(rule):
     """resources: of `rule`: memory and walltime that grow with each retry, and on a Slurm
     profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
     """
-    cap = profile_setting("max_runtime")
     res = {
         "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt),
-        "runtime": lambda wc, attempt: cf_resources.runtime(config, rule, attempt, cap),
+        "runtime": lambda wc, attempt: cf_resources.runtime(
+            config, rule, attempt, CLUSTER, wc.get("behaviour")
+        ),
         "gpus": cf_resources.gpus(config, rule),
     }
     if res["gpus"] and profile_setting("gpu_partition"):

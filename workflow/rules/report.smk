@@ -246,7 +246,17 @@ rule check:
     resources:
         **job_resources("baseline"),
     params:
-        cfg=config_json("outdir", "device", "model"),
+        # The sections the disk plan reads (resources.disk_plan) besides device and dtype.
+        cfg=config_json(
+            "outdir",
+            "device",
+            "model",
+            "embedded",
+            "layers",
+            "sites",
+            "capture",
+            "sae",
+        ),
         json=f"{OUT}/logs/check_env.json",
     shell:
         stage("check_env")

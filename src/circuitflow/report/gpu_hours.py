@@ -12,15 +12,17 @@ For a resolved config whose model the suite covers (GPT-2 small, Qwen2.5-0.5B):
   pass (atp: 4 forward-pass equivalents); the configured method, exact patching, edges and
   their validation (on `validation_prompts` prompts) are counted in forward-pass equivalents
   (perf.attribution_passes, checked against the stage's own count by tests/attribution) and
-  charged at the same rate.
+  charged at the same rate;
+- baseline (two forward passes a prompt) and interventions (perf.interventions_passes, an upper
+  bound checked against the stage's own count by tests/interventions, every SAE spliced) at
+  the rate the suite measured for a bare forward pass.
 
 When the suite ran on an A100 the hours are measured A100-hours. Otherwise they are projected to
 an A100: the stage is assumed to reach the same share of the A100's datasheet peak (bf16 312
 TFLOP/s for the model, TF32 156 for the fp32 SAE) as it reached of the measured device's peak
 (its roofline share). From a CPU result that is a projection, not a measurement: GPU kernels,
 memory bandwidth and launch overheads behave differently, so the figures are labelled as such.
-Baseline and interventions are not in the suite and not counted; per-job start-up (loading the
-model, the SAE's evaluation) is left out too.
+Per-job start-up (imports, loading the model) is left out.
 """
 
 from __future__ import annotations
@@ -183,6 +185,32 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
     n_beh = len(config["behaviours"])
     rows.append(_row("attribution", n_beh, prompts, "prompts", work_flops, s, source))
 
+    # Baseline and interventions: forward passes of the plain model (interventions: with every
+    # SAE spliced), at the rate the suite measured for a bare forward pass.
+    from circuitflow.interventions.config import InterventionsConfig
+
+    plen = rec["prompt_length"]
+    rec = _one(suite, key, "forward")
+    icfg = InterventionsConfig.from_dict(config.get("interventions"))
+    n_all = sum(b.get("n_prompts", 256) for b in config["behaviours"].values())
+    n_iv = sum(
+        min(b.get("n_prompts", 256), icfg.max_prompts or math.inf)
+        for b in config["behaviours"].values()
+    )
+    work_flops = 2 * n_all * plen * perf.forward_flops_per_token(arch, plen)
+    s, source = _seconds(rec, work_flops, _a100_peak("bfloat16"), suite)
+    source += "; 2 forward passes a prompt (clean, corrupted) at the measured forward rate"
+    rows.insert(0, _row("baseline", n_beh, n_all, "prompts", work_flops, s, source))
+    passes = perf.interventions_passes(arch, n_hooks, d_sae, icfg)
+    work_flops = n_iv * sum(passes.values()) * per_pass
+    s, source = _seconds(rec, work_flops, _a100_peak("bfloat16"), suite)
+    detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
+    source += (
+        f"; at most {sum(passes.values()):.0f} forward passes a prompt ({detail}), every SAE "
+        "spliced, at the measured forward rate"
+    )
+    rows.append(_row("interventions", n_beh, n_iv, "prompts", work_flops, s, source))
+
     frame = pd.DataFrame(rows)
     total = {
         "stage": "total",
@@ -191,7 +219,7 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
         "unit": "",
         "pflop": frame["pflop"].sum(),
         "a100_hours": frame["a100_hours"].sum(),
-        "source": "baseline and interventions not included",
+        "source": "job start-up (imports, loading the model) not included",
     }
     return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
 

@@ -92,8 +92,8 @@ def gpu_hours(
     intro = (
         "A100-hours of a full run, stage by stage, from the rates benchmarks/gpu_suite.py "
         "measured (benchmarks/results/*.json). A result from a GPU other than an A100, or from "
-        "a CPU, is projected by its roofline share and says so; baseline and interventions are "
-        "not in the suite."
+        "a CPU, is projected by its roofline share and says so; baseline and interventions, not "
+        "in the suite, are charged at its rate for a bare forward pass."
     )
     write_text(out_html, rt.page("GPU-hours of a full run", sections, intro))
 
