@@ -64,6 +64,23 @@ def cumulative_keep(values: np.ndarray, share: float, cap: int | None = None) ->
     return order[: max(n, 1)]
 
 
+def kept_edges(edges: list[dict], nodes: list[dict], share: float) -> list[int]:
+    """Indices of the edges graph.json keeps (graph.html's rule, so its default view is these):
+    by |weight| until `share` of the total is covered, ranked in two groups, the edges of bridge
+    nodes among themselves and the others among themselves. A bridge is there for the paths
+    across its SAE, one small link per token feature, which larger weights elsewhere (exact
+    ones above all) would push out of a single ranking; bridges are kept at every threshold."""
+    bridges = {n["id"] for n in nodes if n.get("bridge")}
+    kept: list[int] = []
+    for group in (True, False):
+        members = [
+            i for i, e in enumerate(edges) if bool({e["source"], e["target"]} & bridges) == group
+        ]
+        weights = np.array([edges[i]["weight"] for i in members], dtype=float)
+        kept += [members[j] for j in cumulative_keep(weights, share)] if members else []
+    return sorted(kept)
+
+
 def select_nodes(frame: pd.DataFrame, cfg: AttributionConfig) -> pd.DataFrame:
     """The graph's nodes: the top by cumulative |score|, then the bridges (`bridge` column)."""
     keep = cumulative_keep(frame["score"].to_numpy(), cfg.node_threshold, cfg.max_graph_nodes)
@@ -341,9 +358,7 @@ def build_graph(
         }
     )
     as_dicts = edge_records(edges, meta.get("edge_validation"), cfg.method)
-    weights = np.array([e["weight"] for e in as_dicts], dtype=float)
-    kept = cumulative_keep(weights, cfg.edge_threshold) if len(weights) else []
-    out_edges = [as_dicts[i] for i in sorted(kept)]
+    out_edges = [as_dicts[i] for i in kept_edges(as_dicts, out_nodes, cfg.edge_threshold)]
     return {
         "nodes": out_nodes,
         "edges": out_edges,

@@ -69,15 +69,21 @@
 
   // Nodes by |score| as a share of every scored node's |score| (the stage's rule, so the default
   // shows graph.json's nodes), and the bridges (graph.py: an SAE's nodes that carry the paths
-  // across it); then edges among them by |weight| as a share of theirs.
+  // across it); then edges among them by |weight| as a share of theirs, the bridges' edges and
+  // the others each ranked among themselves (graph.py's kept_edges).
   function prune(nodeShare, edgeShare) {
     const ranked = inner.filter((n) => !n.bridge);
     const kept = cumulativeKeep(ranked, (n) => n.score, nodeShare, scoreTotal);
     const ids = new Set(kept.map((n) => n.id));
     nodes.forEach((n) => (n.kind === "logit" || n.bridge) && ids.add(n.id));
+    const bridges = new Set(nodes.filter((n) => n.bridge).map((n) => n.id));
     const among = edges.filter((e) => ids.has(e.source) && ids.has(e.target));
-    const total = among.reduce((s, e) => s + Math.abs(e.weight), 0);
-    const keptEdges = cumulativeKeep(among, (e) => e.weight, edgeShare, total);
+    const keptEdges = [];
+    for (const group of [true, false]) {
+      const members = among.filter((e) => (bridges.has(e.source) || bridges.has(e.target)) === group);
+      const total = members.reduce((s, e) => s + Math.abs(e.weight), 0);
+      if (members.length) keptEdges.push(...cumulativeKeep(members, (e) => e.weight, edgeShare, total));
+    }
     return {
       nodes: nodes.filter((n) => ids.has(n.id)),
       edges: keptEdges.sort((a, b) => a.i - b.i),
