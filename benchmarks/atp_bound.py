@@ -78,6 +78,7 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     from circuitflow.attribution import direct
     from circuitflow.attribution import scores as attr
     from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.attribution.methods.atp import atp_batch
     from circuitflow.attribution.splice import (
         Spliced,
         iter_batches,
@@ -110,7 +111,7 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     n = 0
     for batch in iter_batches(prompts, batch_size, "cpu"):
         corr = sp.acts(batch.corrupted)
-        plain, metric, clean = attr.atp_batch(sp, batch, corr, exact_direct=False)
+        plain, metric, clean = atp_batch(sp, batch, corr, exact_direct=False)
         # The gradient with every attention pattern held constant, and each pattern's own. The
         # final residual lies after every pattern: its value and gradient are the clean run's,
         # so they also give the stage's atp (plain AtP, direct effects exact) without its pass.

@@ -73,7 +73,7 @@ def main() -> None:
         ig_steps=10,
     )
     t0 = time.perf_counter()
-    scores = attr.attribute(model, prompts, saes, acfg)
+    scores = attr.score_nodes(model, prompts, saes, acfg)
     total = time.perf_counter() - t0
     # Achieved CPU FLOP/s on one plain forward.
     tokens = torch.tensor(clean)

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitflow.capture.stage import CaptureOptions, capture
+from circuitflow.capture.config import CaptureConfig
+from circuitflow.capture.stage import capture
 from circuitflow.model import architectures
 
 EMBEDDED = dict(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, n_ctx=32, d_vocab=102)
@@ -58,7 +59,7 @@ def run_capture(model, tokens, batch, dtype, workdir: Path, device: str):
     meta = {"model_hash": "bench", "token_set_hash": "bench", "bos_token_id": 0}
     n_layers = model.cfg.n_layers
     targets = {("resid_post", layer): workdir / f"layer_{layer}.h5" for layer in range(n_layers)}
-    opts = CaptureOptions(dtype=dtype, batch_size=batch)
+    opts = CaptureConfig(dtype=dtype, batch_size=batch)
     sync(device)
     t0 = time.perf_counter()
     result = capture(model, tokens, meta, targets, opts, progress=False)

@@ -22,8 +22,9 @@ no download) it runs, on one device, the stages' own code:
   trainer `sae.trainer` picks, the same trainer config: for TopK the fast sparse trainer) for the
   configs' SAE (TopK, 32x, k=32) and the schema's default SAE; tokens/s of the steady steps (the
   first is left out);
-- `attribution`: attribution.attribute() (method atp, all nodes, no exact patching) with an SAE
-  spliced at every layer (12 for GPT-2, 24 for Qwen): the unit the stage's other parts repeat.
+- `attribution`: attribution.scores.score_nodes() (method atp, all nodes, no exact patching)
+  with an SAE spliced at every layer (12 for GPT-2, 24 for Qwen): the unit the stage's other
+  parts repeat.
 
 Each record has the rate, the measured peak memory next to the memory planner's estimate, the
 FLOPs per token, the achieved FLOP/s, the device's peak (the datasheet figure for known GPUs,
@@ -54,9 +55,11 @@ import numpy as np
 import torch
 
 from circuitflow import memory, perf
+from circuitflow.attribution import plan as attribution_plan
 from circuitflow.devices import enable_fast_math, resolve_dtype
 from circuitflow.memory import FAST_THRESHOLD, set_mmap_threshold, track_live_bytes_on_cpu
 from circuitflow.model import architectures
+from circuitflow.sae import plan as sae_plan
 
 SAE_VARIANTS = {
     # config/gpt2-small.yaml and config/qwen2.5-0.5b.yaml
@@ -320,12 +323,13 @@ class Suite:
         return tokens.size / best
 
     def capture(self, name, model, tokens, weights: int, workdir: Path) -> dict[int, Path]:
-        from circuitflow.capture.stage import CaptureOptions, capture
+        from circuitflow.capture.config import CaptureConfig
+        from circuitflow.capture.stage import capture
 
         cfg = model.cfg
         layers = list(range(cfg.n_layers))
         targets = {("resid_post", layer): workdir / f"layer_{layer}.h5" for layer in layers}
-        opts = CaptureOptions(batch_size=self.sizes.capture_batch)
+        opts = CaptureConfig(batch_size=self.sizes.capture_batch)
         meta = {"model_hash": "suite", "token_set_hash": "suite", "bos_token_id": 0}
 
         def work():
@@ -384,9 +388,10 @@ class Suite:
 
         sizes = self.sizes
         info = read_activation_info(path)
-        base = {"device": self.device, "batch_size": sizes.sae_batch}
+        base = {"batch_size": sizes.sae_batch}
         cfg = SAETrainConfig.from_dict(
-            base | overrides | {"total_tokens": sizes.sae_steps * sizes.sae_batch}
+            base | overrides | {"total_tokens": sizes.sae_steps * sizes.sae_batch},
+            device=self.device,
         )
         # One norm-estimate batch; a one-step dead window puts TopK's auxiliary loss on dead
         # latents in every step, as in the steady state of a real run (where latents dead over
@@ -463,7 +468,7 @@ class Suite:
                 d_in=d, d_sae=d_sae, k=32, device=self.device, metadata=SAEMetadata(hook_name=hook)
             )
             saes[hook] = TopKSAE(sae_cfg).eval().requires_grad_(False)
-        resident = weights + sum(memory.sae_param_bytes(d, d_sae) for _ in saes)
+        resident = weights + sum(sae_plan.sae_param_bytes(d, d_sae) for _ in saes)
         rng = np.random.default_rng(1)
         n = sizes.attribution_prompts
         clean = rng.integers(1, cfg.d_vocab, (n, t))
@@ -484,8 +489,8 @@ class Suite:
             validation_features=0,
             batch_size=sizes.attribution_batch,
         )
-        scores.attribute(model, prompts.iloc[:1], saes, acfg)  # warm-up
-        result, used, _ = self.measure(lambda: scores.attribute(model, prompts, saes, acfg))
+        scores.score_nodes(model, prompts.iloc[:1], saes, acfg)  # warm-up
+        result, used, _ = self.measure(lambda: scores.score_nodes(model, prompts, saes, acfg))
         # The fast pass alone (the exact check on the validation prompts is charged by count).
         seconds = result.seconds["fast"]
         rate = n / seconds
@@ -497,7 +502,7 @@ class Suite:
         # The model runs in its dtype, the SAEs in float32.
         mix = {perf.dtype_name(cfg.dtype): model_flops / flops}
         mix["float32"] = mix.get("float32", 0.0) + sae_flops / flops
-        estimate = memory.estimate_attribution(
+        estimate = attribution_plan.estimate_attribution(
             cfg, sum(p.numel() for p in model.parameters()), t, len(saes), d_sae, cfg.dtype,
             self.device, method="atp",
         )  # fmt: skip

@@ -231,7 +231,7 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     plen = att["prompt_length"]
     spliced = lambda n, ds: perf.attribution_forward_flops_per_prompt(arch, plen, n, ds)  # noqa: E731
     run_flops = att["forward_equivalents_total"] * spliced(run_hooks, d_sae(run_cfg))
-    acfg = AttributionConfig.from_dict(full.get("attribution"))
+    acfg = AttributionConfig.from_dict(full["attribution"])
     full_flops = 0.0
     for b in full["behaviours"].values():
         n = b["n_prompts"]

@@ -4,42 +4,36 @@ captures every configured site and layer in one forward pass per batch into HDF5
 a killed run from its .partial files; exit 75 after a SIGTERM checkpoint); `merge` joins shard
 files into one."""
 
-import argparse
-
-from circuitflow import config as cf_config
+from circuitflow import cli
 from circuitflow.capture import files, stage, tokens
-from circuitflow.cli import main
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = cli.parser(__doc__)
+    sub = cli.subcommands(parser)
     p = sub.add_parser("tokens", help="build the capture token set")
-    p.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
-    p.add_argument("--model-json", required=True, help="the model stage's model.json")
-    p.add_argument("--out-npy", required=True, help="tokens.npy to write")
-    p.add_argument("--out-json", required=True, help="tokens.json to write")
+    cli.add_inputs(p, "config", "model-json")
+    cli.add_outputs(p, "npy", "json", npy="tokens.npy to write", json="tokens.json to write")
     p = sub.add_parser("run", help="capture activations")
-    p.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
-    p.add_argument("--model-json", required=True, help="the model stage's model.json")
+    cli.add_inputs(p, "config", "model-json")
     p.add_argument("--tokens-npy", required=True)
     p.add_argument("--tokens-json", required=True)
-    p.add_argument("--out-dir", required=True, help="files go to OUT_DIR/{site}/layer_{layer}.h5")
+    cli.add_outputs(p, "dir", dir="files go to OUT_DIR/{site}/layer_{layer}.h5")
     p.add_argument("--shard", type=int, default=0, help="this job's shard index")
     p.add_argument("--n-shards", type=int, default=1, help="shards the token set is split into")
     p = sub.add_parser("merge", help="join shard files, in order, into one file")
     p.add_argument("--out", required=True)
     p.add_argument("shards", nargs="+")
-    args = parser.parse_args()
+    args, config = cli.parse(parser)
     if args.command == "tokens":
-        meta = tokens.run(cf_config.load(args.config), args.model_json, args.out_npy, args.out_json)
+        meta = tokens.run(config, args.model_json, args.out_npy, args.out_json)
         print(
             f"token set: {meta['n_contexts']} contexts x {meta['context_length']} tokens from "
             f"{meta['source']}, sha256 {meta['token_set_hash'][:12]}"
         )
     elif args.command == "run":
         result = stage.run(
-            cf_config.load(args.config),
+            config,
             args.model_json,
             args.tokens_npy,
             args.tokens_json,
@@ -57,4 +51,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    cli.main(run)

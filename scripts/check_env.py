@@ -3,20 +3,17 @@
 TF32), free disk under the results directory, the config's device and dtype against the hardware,
 and a tiny forward pass and SAE step on that device. Exits 1 listing what is missing."""
 
-import argparse
 import sys
 from pathlib import Path
 
-from circuitflow import check_env
-from circuitflow import config as cf_config
-from circuitflow.cli import main
+from circuitflow import check_env, cli
 from circuitflow.io import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = cli.parser(__doc__)
     parser.add_argument(
         "--config",
         default=str(REPO / "config" / "config.yaml"),
@@ -33,12 +30,11 @@ def run() -> None:
         "--min-free-gb", type=float, default=check_env.DEFAULT_MIN_FREE_GB, help="free disk needed"
     )
     parser.add_argument("--json", help="also write the checks to this JSON file")
-    args = parser.parse_args()
-    config = cf_config.load(args.config)
+    args, config = cli.parse(parser)
     if args.device:
         config["device"] = args.device
     if args.dtype:
-        config.setdefault("model", {})["dtype"] = args.dtype
+        config["model"]["dtype"] = args.dtype
     checks = check_env.run_checks(config, args.outdir, args.min_free_gb)
     print(check_env.format_checks(checks))
     bad = check_env.failures(checks)
@@ -49,4 +45,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    cli.main(run)

@@ -3,20 +3,19 @@
 faithfulness and completeness) and print what changed beyond the tolerance. Exit 0 when they
 agree, 1 when something differs, 2 when a directory holds no results."""
 
-import argparse
 import sys
 
-from circuitflow.cli import main
+from circuitflow import cli
 from circuitflow.compare import compare_dirs
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = cli.parser(__doc__)
     parser.add_argument("a", help="results directory A (e.g. the workstation run)")
     parser.add_argument("b", help="results directory B (e.g. the CSD3 run)")
     parser.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (numbers)")
     parser.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (numbers)")
-    args = parser.parse_args()
+    args, _ = cli.parse(parser)
     n, diffs = compare_dirs(args.a, args.b, args.rtol, args.atol)
     for diff in diffs:
         print(diff)
@@ -28,4 +27,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    cli.main(run)

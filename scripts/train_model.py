@@ -1,20 +1,18 @@
 #!/usr/bin/env python
 """Train the embedded default model (weights, tokenizer, model.json) beside --out."""
 
-import argparse
 from pathlib import Path
 
-from circuitflow import config as cf_config
-from circuitflow.cli import main
+from circuitflow import cli
 from circuitflow.model.embedded import EmbeddedModelConfig, train
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
+    parser = cli.parser(__doc__)
+    cli.add_inputs(parser, "config")
     parser.add_argument("--out", required=True, help="model.json to write (weights go beside it)")
-    args = parser.parse_args()
-    cfg = EmbeddedModelConfig.from_config(cf_config.load(args.config))
+    args, config = cli.parse(parser)
+    cfg = EmbeddedModelConfig.from_config(config)
     info = train(cfg, Path(args.out).parent)
     print(
         f"trained embedded model: eval loss {info['eval_loss']:.4f}, "
@@ -23,4 +21,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    cli.main(run)

@@ -4,30 +4,21 @@
 Exit status: 0 done; 2 bad config or unusable input (incomplete activation file, corrupt
 checkpoint); 3 out of memory; 75 stopped by SIGTERM after checkpointing (rerun to resume)."""
 
-import argparse
-
-from circuitflow import config as cf_config
-from circuitflow.cli import main
+from circuitflow import cli
 from circuitflow.sae import stage
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="resolved config JSON or a config YAML")
+    parser = cli.parser(__doc__)
+    cli.add_inputs(parser, "config")
     parser.add_argument("--activations", required=True, help="activations/{site}/layer_N.h5")
-    parser.add_argument("--model-json", required=True, help="the model stage's model.json")
+    cli.add_inputs(parser, "model-json")
     parser.add_argument("--out", required=True, help="output directory saes/{site}/layer_N")
     parser.add_argument(
         "--checkpoint-dir", help="where checkpoints live (default: OUT.ckpt next to OUT)"
     )
-    args = parser.parse_args()
-    metrics = stage.run(
-        cf_config.load(args.config),
-        args.activations,
-        args.model_json,
-        args.out,
-        args.checkpoint_dir,
-    )
+    args, config = cli.parse(parser)
+    metrics = stage.run(config, args.activations, args.model_json, args.out, args.checkpoint_dir)
     print(
         f"train_sae: {args.out}: l0={metrics['l0']:.2f} "
         f"explained_variance={metrics['explained_variance']:.3f} "
@@ -37,4 +28,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    cli.main(run)

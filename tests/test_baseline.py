@@ -26,7 +26,7 @@ def test_forward_passes_counted_per_prompt():
             "distractor_id": [8] * 7,
         }
     )
-    summary, _scores, _table = baseline.score(model, prompts, batch_size=2)
+    summary, _scores, _table = baseline.score(model, prompts, baseline.BaselineConfig(batch_size=2))
     assert summary["forward_equivalents_per_prompt"] == pytest.approx(2.0)
     assert summary["forward_equivalents_by_part"] == {"clean": 1.0, "corrupted": 1.0}
     assert summary["forward_equivalents_total"] == 14

@@ -87,3 +87,63 @@ def test_disk_check_counts_what_the_configured_run_writes(monkeypatch, tmp_path)
     assert "activations 168.4" in check["detail"], check  # GiB, by part
     embedded = cf_config.resolve(yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text()))
     assert check_env.check_disk(tmp_path, 5.0, resources.disk_plan(embedded))["ok"]
+
+
+# ---------------------------------------------- the start-up check of the jobs' `python` ------
+def _python_without(tmp_path, *present: str):
+    """A `python` on its own PATH directory that finds only `present` of the job modules (stand-in
+    packages): the venv's interpreter without its site-packages, as a python outside it is."""
+    fake = tmp_path / "site"
+    for name in present:
+        (fake / name).mkdir(parents=True)
+        (fake / name / "__init__.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    return bin_dir, python
+
+
+def test_job_python_without_the_stack_is_one_line_naming_it(tmp_path):
+    bin_dir, python = _python_without(tmp_path, "torch")
+    problem = check_env.job_python_problem(path=str(bin_dir))
+    assert problem is not None and "\n" not in problem
+    assert f"jobs run {python} (the `python` on PATH)" in problem
+    assert "cannot import transformer_lens, sae_lens, h5py:" in problem  # torch is there
+    assert "activate the environment (`. " in problem and "or use `--sdm conda`" in problem
+
+
+def test_job_python_with_the_stack_or_under_conda_passes(tmp_path):
+    import os
+
+    from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+    assert check_env.job_python_problem(path=os.path.dirname(sys.executable)) is None
+    bin_dir, _ = _python_without(tmp_path)
+    conda = {DeploymentMethod.CONDA, DeploymentMethod.ENV_MODULES}  # as workflow holds them
+    assert check_env.job_python_problem(conda, path=str(bin_dir)) is None
+    modules = {DeploymentMethod.ENV_MODULES}  # CSD3's profile: jobs still call PATH's python
+    assert "cannot import torch" in check_env.job_python_problem(modules, str(bin_dir))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no `python` on PATH" in check_env.job_python_problem(path=str(empty))
+
+
+def test_snakemake_stops_before_the_first_job_when_python_lacks_the_stack(tmp_path):
+    """`.venv/bin/snakemake` run without the environment active (PATH's python has no torch):
+    one line naming that python, and no job starts."""
+    import os
+
+    from helpers.dag import load_test_config, run_snakemake
+
+    bin_dir, python = _python_without(tmp_path / "py")
+    target = tmp_path / "results" / "provenance" / "environment.json"
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    done = run_snakemake(load_test_config("tiny"), tmp_path, str(target), check=False,
+                         env={"PATH": path})  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    lines = [ln for ln in out.splitlines() if f"jobs run {python}" in ln]
+    assert len(lines) == 1 and "cannot import torch, transformer_lens, sae_lens, h5py" in lines[0]
+    assert not (tmp_path / "results" / "logs").exists(), out  # no job ran

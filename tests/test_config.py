@@ -82,6 +82,14 @@ BAD_CONFIGS = {
         {"sae": {"architecture": "jumprelu", "d_sae": 16}},
         ["sae.target_l0: 16", "below the SAE's width"],
     ),
+    "fast trainer for an architecture it cannot train": (
+        {"sae": {"architecture": "standard", "trainer": "fast"}},
+        ["sae.trainer: fast trains topk, batchtopk only, not standard", "use auto or saelens"],
+    ),
+    "unknown key in a nested section": (
+        {"sae": {"controller": {"kd": 1}}},
+        ["unknown key sae.controller.kd; allowed keys: coef_max, coef_min, ema, ki, kp"],
+    ),
     "SAE batch above total_tokens": (
         {"sae": {"batch_size": 4096, "total_tokens": 2048}},
         ["sae.batch_size: 4096", "sae.total_tokens (2048)"],
@@ -137,7 +145,7 @@ def test_ready_configs_for_real_models_resolve_offline():
         assert set(resolved["behaviours"]) == {"ioi", "capitals"}
 
 
-# --- one source of defaults --------------------------------------------------------------------
+# --- one source of keys and defaults: the schema; one helper builds the typed sections --------
 def _plain(value):
     """Tuples as lists, so a dataclass's tuple default compares with the schema's list."""
     if isinstance(value, tuple):
@@ -164,17 +172,25 @@ def _dataclass_defaults(cls) -> dict:
 
 def _sections():
     from circuitflow.attribution.config import AttributionConfig
-    from circuitflow.capture.stage import CaptureOptions
+    from circuitflow.baseline import BaselineConfig
+    from circuitflow.capture.config import CaptureConfig
     from circuitflow.interventions.config import InterventionsConfig
-    from circuitflow.model.embedded import ArchitectureConfig, TrainingConfig
+    from circuitflow.model.embedded import ArchitectureConfig, EmbeddedModelConfig, TrainingConfig
     from circuitflow.model.language import LanguageConfig
-    from circuitflow.sae.config import SAETrainConfig
+    from circuitflow.prompts import BehaviourConfig
+    from circuitflow.sae.config import JumpReLUConfig, SAETrainConfig
+    from circuitflow.sae.sparsity import SparsityControllerConfig
 
     return {
         "attribution": AttributionConfig,
+        "baseline": BaselineConfig,
+        "behaviours.<name>": BehaviourConfig,
         "interventions": InterventionsConfig,
         "sae": SAETrainConfig,
-        "capture": CaptureOptions,
+        "sae.controller": SparsityControllerConfig,
+        "sae.jumprelu": JumpReLUConfig,
+        "capture": CaptureConfig,
+        "embedded": EmbeddedModelConfig,
         "embedded.architecture": ArchitectureConfig,
         "embedded.training": TrainingConfig,
         "embedded.language": LanguageConfig,
@@ -182,16 +198,138 @@ def _sections():
 
 
 @pytest.mark.parametrize("section", sorted(_sections()))
-def test_dataclass_defaults_are_the_schemas(section):
-    """Every field a config section's dataclass shares with the schema has the schema's
-    default (the dataclasses are used by the library and the tests; the stages get the
-    resolved config, so a drift would make the two disagree silently)."""
-    schema = cf.schema_defaults(section)
-    ours = _dataclass_defaults(_sections()[section])
-    shared = set(schema) & set(ours)
-    # What a dataclass may hold beyond the schema: the master seed and device it is given.
-    assert set(ours) - set(schema) <= {"seed", "device"}, set(ours) - set(schema)
-    assert {k: ours[k] for k in shared} == {k: schema[k] for k in shared}
+def test_section_dataclasses_hold_the_schemas_keys_and_defaults(section):
+    """Each config section's dataclass has a field for every key of its schema section and no
+    other but the master seed and device it is given, and the schema's default for each (the
+    dataclasses are built with those defaults by tests and benchmarks; the stages build them
+    from the resolved config with `typed`)."""
+    import dataclasses
+
+    from circuitflow.schema import schema_node
+
+    cls = _sections()[section]
+    keys = set(schema_node(section)["properties"])
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert keys <= fields and fields - keys <= {"seed", "device"}, fields ^ keys
+    # Nested sections (sae.controller, embedded.language) are cases of their own.
+    schema = {k: v for k, v in cf.schema_defaults(section).items() if not isinstance(v, dict)}
+    ours = _dataclass_defaults(cls)
+    assert {k: ours[k] for k in schema} == schema
+    top = cf.schema_defaults()
+    assert {k: ours[k] for k in fields - keys} == {k: top[k] for k in fields - keys}
+
+
+def test_stages_typed_sections_of_the_default_config_are_the_defaults():
+    """The default run's sections, built the way the stages build them, equal the dataclasses'
+    defaults: one set of defaults, whichever way a section is made."""
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.baseline import BaselineConfig
+    from circuitflow.capture.config import CaptureConfig
+    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.model.embedded import ArchitectureConfig, EmbeddedModelConfig
+    from circuitflow.sae.config import SAETrainConfig
+
+    resolved = cf.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()), REPO)
+    assert AttributionConfig.from_dict(resolved["attribution"]) == AttributionConfig()
+    assert InterventionsConfig.from_dict(resolved["interventions"]) == InterventionsConfig()
+    assert CaptureConfig.from_dict(resolved["capture"]) == CaptureConfig()
+    assert BaselineConfig.from_dict(resolved["baseline"]) == BaselineConfig()
+    assert SAETrainConfig.from_config(resolved) == SAETrainConfig()
+    embedded = EmbeddedModelConfig.from_config(resolved)
+    # `auto` is resolved to a list by config.resolve, and a list becomes the field's tuple.
+    auto = ArchitectureConfig().kept_heads()
+    assert embedded.architecture.active_heads == auto == (2, 1)
+    assert embedded == EmbeddedModelConfig(architecture=ArchitectureConfig(active_heads=auto))
+
+
+def test_typed_fills_unset_keys_from_the_schema():
+    """`typed` takes what a section leaves out from the schema, not from the dataclass: a
+    dataclass without defaults is built whole from a partial section."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Bare:
+        batch_size: int
+        calibration_bins: int
+
+    built = cf.typed(Bare, {"batch_size": 8}, "baseline")
+    assert built == Bare(8, cf.schema_defaults("baseline")["calibration_bins"])
+    assert cf.typed(Bare, None, "baseline") == Bare(**cf.schema_defaults("baseline"))
+
+
+def test_typed_builds_nested_sections_tuples_and_extras():
+    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.model.embedded import EmbeddedModelConfig
+    from circuitflow.sae.config import SAETrainConfig
+
+    sae = SAETrainConfig.from_dict({"controller": {"kp": 2}}, device="cpu", seed=5)
+    assert (
+        sae.controller.kp == 2
+        and sae.controller.ki == cf.schema_defaults("sae")["controller"]["ki"]
+    )
+    assert (sae.device, sae.seed) == ("cpu", 5)
+    alphas = InterventionsConfig.from_dict({"steering_alphas": [1, -2]}).steering_alphas
+    assert alphas == (1.0, -2.0) and all(type(a) is float for a in alphas)
+    assert InterventionsConfig.from_dict({"circuit_sizes": [3, 1]}).circuit_sizes == [3, 1]
+    config = {"seed": 7, "device": "cpu", "embedded": {"architecture": {"active_heads": [1, 1]}}}
+    emb = EmbeddedModelConfig.from_config(config)
+    assert emb.architecture.active_heads == (1, 1)
+    # The master seed goes to the section and to the nested dataclass that declares it.
+    assert (emb.seed, emb.language.seed, emb.device) == (7, 7, "cpu")
+    with pytest.raises(TypeError, match="no field 'devcie'"):  # a caller's typo is no default
+        SAETrainConfig.from_dict({}, devcie="cpu")
+
+
+@pytest.mark.parametrize(
+    "values, key, line",
+    [
+        ({"bandwdth": 1}, "sae.jumprelu", "unknown key sae.jumprelu.bandwdth; allowed keys: "
+         "bandwidth, dead_window_steps, init_threshold, pre_act_loss_coefficient, "
+         "sparsity_loss_mode, ste_to_input, tanh_scale"),
+        ({"jumprelu": {"bandwdth": 1}}, "sae", "unknown key sae.jumprelu.bandwdth; allowed keys: "
+         "bandwidth, dead_window_steps, init_threshold, pre_act_loss_coefficient, "
+         "sparsity_loss_mode, ste_to_input, tanh_scale"),
+        ({"foo": 1}, "attribution", "unknown key attribution.foo; allowed keys: batch_size, "),
+        ({"ig_steps": 0}, "attribution", "attribution.ig_steps: 0 is less than the minimum of 1"),
+        ({"language": {"n_subjects": "many"}}, "embedded",
+         "embedded.language.n_subjects: 'many' is not of type integer"),
+        ({"n_prompts": 3}, "behaviours.mine", "behaviours.mine: 'source' is a required property"),
+    ],
+)  # fmt: skip
+def test_typed_refuses_in_the_schemas_words_naming_the_full_key(values, key, line):
+    """A section given by hand (a test, a benchmark, a JSON config to a stage script) is checked
+    against the schema: one line, the full key, the wording config validation uses."""
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.model.embedded import EmbeddedModelConfig
+    from circuitflow.prompts import BehaviourConfig
+    from circuitflow.sae.config import JumpReLUConfig, SAETrainConfig
+
+    cls = {"sae": SAETrainConfig, "sae.jumprelu": JumpReLUConfig,
+           "attribution": AttributionConfig, "embedded": EmbeddedModelConfig,
+           "behaviours.mine": BehaviourConfig}[key]  # fmt: skip
+    with pytest.raises(cf.ConfigError) as info:
+        cf.typed(cls, values, key)
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+    # The same line as validating a whole config that holds the section.
+    whole = values
+    for part in reversed(key.split(".")):
+        whole = {part: whole}
+    with pytest.raises(cf.ConfigError) as whole_info:
+        cf.validate_schema(whole)
+    assert str(whole_info.value) == str(info.value)
+
+
+def test_schema_is_read_once_and_callers_get_their_own_copy():
+    from circuitflow import schema
+
+    before = cf.schema_defaults("attribution")
+    mine = cf.load_schema()
+    mine["properties"]["attribution"]["properties"]["method"]["default"] = "atp"
+    assert cf.schema_defaults("attribution") == before
+    assert schema._schema.cache_info().currsize >= 1
+    hits = schema._schema.cache_info().hits
+    cf.schema_defaults("sae")
+    assert schema._schema.cache_info().hits > hits
 
 
 def test_config_yaml_holds_only_schema_defaults():

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from circuitflow import memory
+from circuitflow.attribution import plan as attribution_plan
+from circuitflow.sae import plan as sae_plan
 
 CFG = SimpleNamespace(d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=100)
 
@@ -93,35 +95,41 @@ def test_peak_meter_sees_a_block_that_is_freed_again():
 
 
 def test_sae_estimate_counts_optimiser_state_and_batch():
-    est = memory.estimate_sae_training(
+    est = sae_plan.estimate_sae_training(
         768, 24576, "topk", "cuda", n_file_rows=1 << 22, shuffle_buffer_rows=1 << 18
     )
-    params = memory.sae_param_bytes(768, 24576)
+    params = sae_plan.sae_param_bytes(768, 24576)
     # Tiny batches are bounded by Adam's step; large ones grow by the per-row activations.
-    assert est.total(1) == int(memory.SAE_OPTIMISER_COPIES * params)
+    assert est.total(1) == int(sae_plan.SAE_OPTIMISER_COPIES * params)
     assert est.total(8192) - est.total(4096) == 4096 * est.per_item()
     assert est.per_item() == int((11 * 24576 + 8 * 768) * 4)
     assert (
-        memory.estimate_sae_training(768, 24576, "standard", "cuda", 1 << 22, 1 << 18).per_item()
+        sae_plan.estimate_sae_training(768, 24576, "standard", "cuda", 1 << 22, 1 << 18).per_item()
         < est.per_item()
     )
     # On CPU the shuffle buffer lives in the same memory.
-    cpu = memory.estimate_sae_training(768, 24576, "topk", "cpu", 1 << 22, 1 << 18)
+    cpu = sae_plan.estimate_sae_training(768, 24576, "topk", "cpu", 1 << 22, 1 << 18)
     assert cpu.total(4096) > est.total(4096)
     # The sparse trainer (sae.fast) holds a few d_sae-wide tensors per row, not eleven.
-    sparse = memory.estimate_sae_training(768, 24576, "topk", "cuda", 1 << 22, 1 << 18, sparse=True)
+    sparse = sae_plan.estimate_sae_training(
+        768, 24576, "topk", "cuda", 1 << 22, 1 << 18, sparse=True
+    )
     assert sparse.per_item() == int((3.1 * 24576 + 8 * 768) * 4)
     with pytest.raises(ValueError, match="sae.fast cannot train standard"):
-        memory.estimate_sae_training(768, 24576, "standard", "cuda", 1 << 22, 1 << 18, sparse=True)
+        sae_plan.estimate_sae_training(
+            768, 24576, "standard", "cuda", 1 << 22, 1 << 18, sparse=True
+        )
 
 
 def test_attribution_estimate_integrated_gradients_holds_what_atp_holds():
     """IG moves every node along its path and takes every node's gradient in one
     forward/backward per step: per prompt it holds what AtP holds (no copy per head)."""
-    atp = memory.estimate_attribution(
+    atp = attribution_plan.estimate_attribution(
         CFG_FULL, 1_000_000, 16, 2, 2048, torch.float32, "cuda", "atp"
     )
-    ig = memory.estimate_attribution(CFG_FULL, 1_000_000, 16, 2, 2048, torch.float32, "cuda", "ig")
+    ig = attribution_plan.estimate_attribution(
+        CFG_FULL, 1_000_000, 16, 2, 2048, torch.float32, "cuda", "ig"
+    )
     assert ig.per_item() == atp.per_item()
     assert ig.fixed() == atp.fixed()
     assert "prompts" in memory.plan_batch_size(atp, 64, available=1 << 40).describe()

@@ -108,13 +108,13 @@ def test_a_job_peak_does_not_inherit_its_parents():
 
 
 def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
-    """memory.job_peak_bytes (what resources.mem_mb asks Slurm for, less its headroom): the
+    """resources.job_peak_bytes (what resources.mem_mb asks Slurm for, less its headroom): the
     interpreter and libraries included, within 25% of every job's max_rss in the default run."""
     import yaml
     from helpers.dag import REPO
 
     from circuitflow import config as cf_config
-    from circuitflow import memory, resources
+    from circuitflow import resources
 
     config = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     bench = default_results / "benchmarks"
@@ -122,7 +122,7 @@ def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
     for path in sorted(bench.rglob("*.tsv")):
         rule = _job_rule(path, bench)
         measured = _job_peak_mb(path, default_results)
-        planned = memory.job_peak_bytes(config, rule, "cpu") / 2**20
+        planned = resources.job_peak_bytes(config, rule, "cpu") / 2**20
         checked.add(rule)
         if not 0.75 <= planned / measured <= 1.25:
             off.append(

@@ -49,10 +49,10 @@ def test_chunks_redo_the_failed_chunk_at_half_size_and_keep_it(monkeypatch, capl
 def test_attribution_halves_its_batch_and_scores_the_same(tiny, monkeypatch, caplog):
     model, saes, prompts = tiny
     cfg = AttributionConfig(method="ig", ig_steps=3, batch_size=8, validation_prompts=4)
-    ref = attr.attribute(model, prompts, saes, cfg).frame
+    ref = attr.score_nodes(model, prompts, saes, cfg).frame
     monkeypatch.setenv(memory.INJECT_OOM_ENV, "attribution")
     with caplog.at_level(logging.WARNING):
-        got = attr.attribute(model, prompts, saes, cfg).frame
+        got = attr.score_nodes(model, prompts, saes, cfg).frame
     assert "attribution: out of memory: batch size halved to 4" in caplog.text
     for column in ("score_ig", "score_ig_selection", "score_exact"):
         np.testing.assert_allclose(got[column], ref[column], rtol=1e-4, atol=1e-6)
@@ -79,7 +79,7 @@ def test_sae_step_is_redone_in_micro_batches_with_the_same_result(tmp_path, monk
     cfg = SAETrainConfig.from_dict(
         {"d_sae": 64, "k": 4, "batch_size": 256, "total_tokens": 2048, "lr_warm_up_steps": 2,
          "checkpoint_every_tokens": 100_000, "dead_window_tokens": 1024, "eval_contexts": 4,
-         "device": "cpu", "shuffle_buffer_tokens": 1024}
+         "shuffle_buffer_tokens": 1024}, device="cpu",
     )  # fmt: skip
     ref = train_sae(acts, tmp_path / "ref", cfg, model)
     monkeypatch.setenv(memory.INJECT_OOM_ENV, "train_sae:3")

@@ -68,6 +68,16 @@ def test_no_import_cycle_inside_circuitflow():
     assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
 
 
+def test_config_sections_and_the_model_package_do_not_import_config():
+    """`config` (load, validate, resolve) reads the model package (its depth, auto_active_heads),
+    so nothing there imports `config` back; the section dataclasses build on `schema`, which
+    imports nothing of circuitflow's but `errors`."""
+    graph = import_graph()
+    model = {m for m in graph if m == "circuitflow.model" or m.startswith("circuitflow.model.")}
+    assert not {m for m in model if "circuitflow.config" in graph[m]}
+    assert graph["circuitflow.schema"] <= {"circuitflow.errors"}
+
+
 def test_find_cycle_sees_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

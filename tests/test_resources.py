@@ -11,6 +11,8 @@ from helpers.dag import REPO
 
 from circuitflow import config as cf_config
 from circuitflow import resources
+from circuitflow.cluster import Cluster, setting_value
+from circuitflow.errors import ConfigError
 from circuitflow.model import architectures
 
 EMBEDDED = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
@@ -64,11 +66,11 @@ def test_retries_get_more_memory_and_walltime_within_the_cap():
         assert resources.runtime(EMBEDDED, rule, 2) > resources.runtime(EMBEDDED, rule, 1)
     big = _real("gpt2", 12)
     big["sae"] = {**big["sae"], "total_tokens": 10**10}
-    sl3 = resources.Cluster(max_runtime=720)
+    sl3 = Cluster(max_runtime=720)
     assert resources.runtime(big, "train_sae", 3, sl3) == 720
     # A job that resumes from checkpoints starts with a few hours at most and grows on retries.
     first = resources.runtime(big, "train_sae", 1)
-    assert first == resources.Cluster().resumable_max_runtime
+    assert first == Cluster().resumable_max_runtime
     assert resources.runtime(big, "train_sae", 2) == 2 * first
 
 
@@ -77,9 +79,9 @@ def test_walltime_follows_the_counted_work():
     per token are 12 d_in d_sae), prompts; a lower share of the peak means longer."""
     gpt2 = _real("gpt2", 12)
     gpt2["sae"]["total_tokens"] = 10**8  # the SAE's evaluation, a constant, is then < 1%
-    cluster = resources.Cluster(startup_minutes=0, resumable_max_runtime=10**6)
+    cluster = Cluster(startup_minutes=0, resumable_max_runtime=10**6)
 
-    def minutes(cfg: dict, rule: str, c: resources.Cluster = cluster) -> float:
+    def minutes(cfg: dict, rule: str, c: Cluster = cluster) -> float:
         return resources.work_seconds(cfg, rule, c) / 60
 
     base = minutes(gpt2, "train_sae")
@@ -90,7 +92,7 @@ def test_walltime_follows_the_counted_work():
     d_sae = gpt2["sae"]["expansion_factor"] * 768
     flops = gpt2["sae"]["total_tokens"] * 12 * 768 * d_sae
     assert base * 60 >= flops / (0.05 * 156e12)
-    slower = resources.Cluster(startup_minutes=0, gpu_peak_percent=2.5)
+    slower = Cluster(startup_minutes=0, gpu_peak_percent=2.5)
     assert minutes(gpt2, "attribution", slower) == pytest.approx(
         2 * minutes(gpt2, "attribution"), rel=1e-6
     )
@@ -113,13 +115,14 @@ STAGE_RULES = {
 }
 
 
-def csd3_cluster() -> resources.Cluster:
-    """The Cluster that profiles/csd3 states, read as common.smk reads it."""
-    profile = yaml.safe_load((REPO / "profiles" / "csd3" / "config.yaml").read_text())
-    settings = profile["default-resources"]
-    return resources.Cluster.from_settings(
-        lambda name, default: resources.setting_value(settings.get(name, default))
-    )
+def profile_cluster(name: str) -> Cluster:
+    """The Cluster that profiles/<name> states, read as common.smk reads it."""
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    return Cluster.from_profile(profile["default-resources"])
+
+
+def csd3_cluster() -> Cluster:
+    return profile_cluster("csd3")
 
 
 @pytest.mark.parametrize("name", sorted(READY))
@@ -141,30 +144,43 @@ def test_first_attempts_of_the_ready_configs_fit_their_work(name):
             jobs = {None: 1 / row["jobs"]}
         for behaviour, share in jobs.items():
             minutes = resources.runtime(config, rule, 1, cluster, behaviour)
-            own = row["a100_hours"] * share * 60
+            own = row["gpu_hours"] * share * 60
             assert minutes <= 6 * 60, (rule, behaviour, minutes)
             assert minutes >= 3 * own, (rule, behaviour, minutes, own)
     for rule in ("prompts", "capture_tokens", "provenance", "job_costs"):
         assert resources.runtime(config, rule, 1, cluster) <= 6 * 60
 
 
-def test_accounts_are_refused_with_one_line():
-    assert resources.account_problem("gpu_account", "PROJ-SL2-GPU") is None
-    doubled = resources.account_problem("gpu_account", "PROJ-SL2-GPU-GPU")
+def test_accounts_are_refused_with_one_line(monkeypatch):
+    """The CSD3 profile builds both accounts from $CSD3_ACCOUNT: unset, or set with the -GPU
+    suffix `mybalance` prints, is refused in one line that says what to set."""
+
+    def problem(account: str | None) -> str | None:
+        if account is None:
+            monkeypatch.delenv("CSD3_ACCOUNT", raising=False)
+        else:
+            monkeypatch.setenv("CSD3_ACCOUNT", account)
+        return csd3_cluster().account_problem()
+
+    assert problem("PROJ-SL2") is None
+    doubled = problem("PROJ-SL2-GPU")
     assert "CSD3_ACCOUNT=PROJ-SL2 " in doubled and "\n" not in doubled
-    assert "CSD3_ACCOUNT=PROJ-SL2 " in resources.account_problem(
-        "slurm_account", "PROJ-SL2-gpu-CPU"
-    )
-    for unset in ("", "-CPU", "${CSD3_ACCOUNT}-GPU"):
-        assert "export CSD3_ACCOUNT" in resources.account_problem("slurm_account", unset)
+    assert "CSD3_ACCOUNT=PROJ-SL2 " in problem("PROJ-SL2-gpu")
+    for unset in ("", None):
+        assert "export CSD3_ACCOUNT" in problem(unset)
+    # A profile that names its account outright has no variable to name.
+    literal = Cluster.from_profile({"slurm_account": "'lab-gpu-GPU'"})
+    assert "edit slurm_account in your profile" in literal.account_problem()
+    assert Cluster.from_profile({}).account_problem() is None  # sbatch's default account
 
 
 def test_profile_settings_are_parsed_like_yaml_values(monkeypatch):
     monkeypatch.setenv("CSD3_ACCOUNT", "PROJ-SL3")
-    assert resources.setting_value("'${CSD3_ACCOUNT}-GPU'") == "PROJ-SL3-GPU"
-    assert resources.setting_value("50") == 50 and resources.setting_value(240) == 240
-    cluster = resources.Cluster.from_settings({"gpu_type": "H100", "gpu_peak_percent": 10}.get)
+    assert setting_value("'${CSD3_ACCOUNT}-GPU'") == "PROJ-SL3-GPU"
+    assert setting_value("50") == 50 and setting_value(240) == 240
+    cluster = Cluster.from_profile({"gpu_type": "'H100'", "gpu_peak_percent": "10"})
     assert (cluster.gpu_type, cluster.peak_share, cluster.startup_minutes) == ("H100", 0.1, 10)
+    assert csd3_cluster().gpu_job_account() == "PROJ-SL3-GPU"
 
 
 def test_gpus_and_cpus():
@@ -172,6 +188,54 @@ def test_gpus_and_cpus():
     assert resources.gpus(EMBEDDED, "prompts") == 0
     assert resources.gpus({**EMBEDDED, "device": "cpu"}, "train_sae") == 0
     gpt2 = _real("gpt2", 12)
-    for rule in (*resources.GPU_RULES, *resources.LIGHT_RULES, "prompts", "capture_tokens"):
+    for rule in resources.RULES:
         n = resources.threads(gpt2, rule)
-        assert 1 <= n <= resources.MAX_CPUS_PER_GPU * max(1, resources.gpus(gpt2, rule))
+        assert 1 <= n <= Cluster().cpus_per_gpu * max(1, resources.gpus(gpt2, rule))
+
+
+def test_every_rule_of_the_workflow_is_in_the_table():
+    """Each rule that asks for job resources or threads names a row of the rule table, and every
+    row is a rule the workflow has (a new rule is one line in resources.RULES)."""
+    import re
+
+    text = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    asked = set(re.findall(r'job_(?:resources|threads)\("(\w+)"\)', text))
+    declared = set(re.findall(r"^\s*rule (\w+):", text, re.M))
+    assert asked <= set(resources.RULES), asked - set(resources.RULES)
+    assert set(resources.RULES) <= declared, set(resources.RULES) - declared
+    assert set(resources.CLASSES) == {r.resource_class for r in resources.RULES.values()}
+
+
+def test_job_plans_honour_the_model_dtype():
+    """model.dtype: float32 on a GPU plans fp32 weights and activations: more host memory for
+    the jobs that hold the model than bf16 (`auto` plans 16-bit on a GPU), the same on a CPU
+    for auto and float32, and a walltime at the GPU's fp32 rate. (A real model's load, three
+    fp32 copies on the host, outweighs its weights in these jobs: the embedded model shows the
+    plan's dtype.)"""
+
+    def with_dtype(config: dict, dtype: str) -> dict:
+        out = copy.deepcopy(config)
+        out["model"]["dtype"] = dtype
+        return out
+
+    f32, bf16 = with_dtype(EMBEDDED, "float32"), with_dtype(EMBEDDED, "bfloat16")
+    # On a GPU the host holds the model only while it loads (baseline's plan is the model):
+    # the other stages' host share is their buffers, whatever the model's dtype.
+    auto = resources.job_peak_bytes(EMBEDDED, "baseline", "cuda")
+    assert auto == resources.job_peak_bytes(bf16, "baseline", "cuda")
+    weights = resources.job_peak_bytes(f32, "baseline", "cuda") - auto
+    n_params = architectures.n_params(architectures.model_cfg(EMBEDDED))
+    assert weights == 2 * n_params  # 4 bytes a parameter, not 2
+    for rule in ("baseline", "capture", "train_sae", "attribution"):
+        on_cpu = resources.job_peak_bytes(f32, rule, "cpu")
+        assert on_cpu == resources.job_peak_bytes(EMBEDDED, rule, "cpu"), rule
+    # Walltime: fp32 runs at half the A100's bf16 rate (156 against 312 TFLOP/s).
+    gpt2 = _real("gpt2", 12)
+    idle = Cluster(startup_minutes=0)
+    slow = resources.work_seconds(with_dtype(gpt2, "float32"), "baseline", idle)
+    assert slow == pytest.approx(2 * resources.work_seconds(gpt2, "baseline", idle))
+
+
+def test_an_unknown_gpu_type_is_refused():
+    with pytest.raises(ConfigError, match="gpu_type: 'B300'.*allowed values: A100, H100"):
+        Cluster.from_profile({"gpu_type": "'B300'"})

@@ -8,15 +8,34 @@ Calibration compares the model's top-token confidence with how often that token 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from circuitflow.batching import by_length
 from circuitflow.io import save_figure, write_json, write_parquet
 from circuitflow.perf import PassCounter
-from circuitflow.prompts import by_length, prompts_hash
+from circuitflow.prompts import prompts_hash
+from circuitflow.schema import schema_defaults, typed
+
+_D = schema_defaults("baseline")
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """The `baseline:` config section (defaults: the schema's)."""
+
+    batch_size: int = _D["batch_size"]  # prompts per forward pass
+    calibration_bins: int = _D["calibration_bins"]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> BaselineConfig:
+        """From a `baseline` section, whole or partial (the schema checks it)."""
+        return typed(cls, d, "baseline")
 
 
 @torch.no_grad()
@@ -86,9 +105,11 @@ def expected_calibration_error(table: pd.DataFrame) -> float:
     return float((weights * (filled["confidence"] - filled["accuracy"]).abs()).sum())
 
 
-def score(model, prompts: pd.DataFrame, batch_size: int = 64, n_bins: int = 10):
+def score(model, prompts: pd.DataFrame, cfg: BaselineConfig | None = None):
     """Score a prompt set; returns (summary dict, per-prompt rows, calibration table). The
     summary counts the forward passes spent (perf.PassCounter, parts clean and corrupted)."""
+    cfg = cfg or BaselineConfig()
+    batch_size, n_bins = cfg.batch_size, cfg.calibration_bins
     counter = PassCounter()
     with counter.part("clean"):
         clean = last_token_logits(model, list(prompts["clean_tokens"]), batch_size, counter)
@@ -156,12 +177,12 @@ def run(config: dict, behaviour: str, prompts_path: Path | str, model_json: Path
     from circuitflow.model.load import load_for_analysis, read_model_json
     from circuitflow.prompts import read_prompts
 
+    cfg = BaselineConfig.from_dict(config["baseline"])
     model_dir = Path(model_json).parent
     prompts = read_prompts(prompts_path)
     model = load_for_analysis(model_dir, config["device"])
-    opts = config["baseline"]
     with precise_math():
-        summary, scores, table = score(model, prompts, opts["batch_size"], opts["calibration_bins"])
+        summary, scores, table = score(model, prompts, cfg)
     summary |= {
         "behaviour": behaviour,
         "model_weights_sha256": read_model_json(model_dir)["weights_sha256"],
@@ -170,3 +191,25 @@ def run(config: dict, behaviour: str, prompts_path: Path | str, model_json: Path
     write_parquet(out_parquet, scores)
     write_json(out_json, summary | {"calibration": json_records(table)})
     return summary
+
+
+# --- the job plan (rule baseline), for circuitflow.resources (the rule table) ---------------------
+def job_bytes(config: dict, rule: str, device: str) -> int:
+    """Host bytes of a baseline job's work: the model (model.plan.model_bytes)."""
+    from circuitflow.model.plan import model_bytes
+
+    return model_bytes(config, device)
+
+
+def job_work(config: dict, rule: str, behaviour: str | None = None):
+    """Two forward passes a prompt (clean, corrupted) of the behaviour's prompts."""
+    from circuitflow.memory import model_dtype, n_prompts, prompt_length
+    from circuitflow.model import architectures
+    from circuitflow.perf import Work, forward_flops_per_token
+
+    cfg = architectures.model_cfg(config)
+    plen = prompt_length(config, cfg)
+    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    return Work(
+        {dtype: 2 * n_prompts(config, behaviour) * plen * forward_flops_per_token(cfg, plen)}
+    )

@@ -6,13 +6,20 @@ free disk under the results directory, whether the config's `device` and `model.
 on the device found, and a tiny forward pass and a tiny SAE training step on that device.
 `scripts/check_env.py` and the `check` rule (`snakemake check`) print them and exit non-zero
 with the list of what failed.
+
+`job_python_problem()` is the cheap check Snakemake runs before the first job
+(workflow/rules/common.smk): jobs call the `python` on PATH, which need not be the Python
+Snakemake itself runs in (`.venv/bin/snakemake` from a cron job, without the environment
+activated), and without it every job would fail with a raw ModuleNotFoundError.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,45 @@ REQUIRED_PACKAGES = (
 )
 OPTIONAL_PACKAGES = ("snakemake-executor-plugin-slurm", "transformers")
 DEFAULT_MIN_FREE_GB = 5.0
+# What a stage job's Python must be able to import (module names), found without importing them.
+JOB_MODULES = ("torch", "transformer_lens", "sae_lens", "h5py")
+_FIND_MISSING = (
+    "import importlib.util, sys; "
+    "print(*(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+)
+
+
+def job_python_problem(deployment: Iterable = (), path: str | None = None) -> str | None:
+    """None when the `python` on `path` (default: PATH), the one the stage jobs call, can
+    import JOB_MODULES, or when `deployment` (Snakemake's software deployment methods, e.g.
+    `workflow.deployment_settings.deployment_method`) includes conda, whose environments bring
+    their own; else one line saying which python lacks what and how to fix it. Costs one
+    interpreter start (~30 ms; no module is imported)."""
+    if "CONDA" in {str(getattr(m, "name", m)).upper() for m in deployment}:
+        return None
+    if sys.prefix != sys.base_prefix:  # Snakemake runs in a venv: most likely the one meant
+        activate = f"activate the environment (`. {Path(sys.prefix) / 'bin' / 'activate'}`)"
+    else:
+        activate = "activate the environment (`. .venv/bin/activate`)"
+    fix = f"{activate} or use `--sdm conda`"
+    python = shutil.which("python", path=path)
+    if python is None:
+        return f"jobs run `python scripts/<stage>.py` but there is no `python` on PATH: {fix}"
+    try:
+        done = subprocess.run(
+            [python, "-c", _FIND_MISSING, *JOB_MODULES], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"jobs run {python} (the `python` on PATH), which does not run ({err}): {fix}"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"jobs run {python} (the `python` on PATH), which does not run ({why}): {fix}"
+    missing = done.stdout.split()
+    if not missing:
+        return None
+    return (
+        f"jobs run {python} (the `python` on PATH), which cannot import {', '.join(missing)}: {fix}"
+    )
 
 
 def _record(name: str, ok: bool, value: Any = None, detail: str = "") -> dict:
@@ -120,8 +166,8 @@ def check_disk(outdir: Path | str, min_free_gb: float, plan: dict[str, int] | No
 
 def resolve_device(config: dict, facts: dict) -> tuple[str, list[dict]]:
     """The device and dtype the config asks for, checked against the hardware found."""
-    requested = config.get("device", "auto")
-    dtype = (config.get("model") or {}).get("dtype", "auto")
+    requested = config["device"]
+    dtype = config["model"]["dtype"]
     checks = []
     if requested == "cuda" and not facts["cuda_available"]:
         checks.append(
@@ -227,10 +273,10 @@ def run_checks(
     from circuitflow import resources  # imports torch, checked above
 
     plan = resources.disk_plan(config) if "capture" in config else None
-    checks.append(check_disk(outdir or config.get("outdir", "results"), min_free_gb, plan))
+    checks.append(check_disk(outdir or config["outdir"], min_free_gb, plan))
     device, device_checks = resolve_device(config, facts)
     checks += device_checks
-    dtype = _torch_dtype((config.get("model") or {}).get("dtype", "auto"), device, facts)
+    dtype = _torch_dtype(config["model"]["dtype"], device, facts)
     if device == "cuda":
         import torch
 

@@ -1,4 +1,11 @@
-"""Shared start-up for the stage scripts: logging, and one-line errors with a meaningful exit.
+"""Shared start-up for the stage scripts: argument parsing, logging, and one-line errors with a
+meaningful exit.
+
+Arguments: `parser(__doc__)` (and `subcommands(parser)`) make the parser; `add_inputs(p, ...)`
+adds the arguments several stages share (`--config`, `--behaviour`, `--prompts`,
+`--model-json`, `--saes`, `--attribution-dir`), each with one spelling and help text;
+`add_outputs(p, ...)` adds required `--out-NAME` paths; `parse(p)` returns the arguments and the
+config loaded from `--config` (None for a command without one).
 
 Exit statuses (circuitflow.errors): 0 done; 2 bad config or input (the line names the key or
 file); 3 out of memory even at batch size 1; 4 no space left on the device (outputs are written
@@ -8,11 +15,13 @@ resume); 1 anything else (a bug: the traceback is kept).
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from circuitflow.errors import (
     EXIT_BAD_INPUT,
@@ -23,6 +32,53 @@ from circuitflow.errors import (
     InputError,
 )
 from circuitflow.resumable import Interrupted
+
+# The arguments several stage scripts take: one spelling, requiredness and help text each.
+SHARED_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "config": {"required": True, "help": "resolved config JSON or a config YAML"},
+    "behaviour": {"required": True, "help": "behaviour name (a key of behaviours)"},
+    "prompts": {"required": True, "help": "prompts parquet"},
+    "model-json": {"required": True, "help": "the model stage's model.json"},
+    "saes": {"nargs": "*", "default": [], "help": "SAE directories (SAELens format)"},
+    "attribution-dir": {"required": True, "help": "attribution/{behaviour}"},
+}
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's parser; its module docstring is the description `--help` prints."""
+    return argparse.ArgumentParser(description=doc)
+
+
+def subcommands(p: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """Required subcommands, chosen one as `args.command`."""
+    return p.add_subparsers(dest="command", required=True)
+
+
+def add_inputs(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
+    """The shared arguments `names` (keys of SHARED_ARGUMENTS), in that order; `helps` replaces
+    a help text where a command means something narrower (`model_json=...` for --model-json)."""
+    for name in names:
+        spec = dict(SHARED_ARGUMENTS[name])
+        spec["help"] = helps.get(name.replace("-", "_"), spec["help"])
+        p.add_argument(f"--{name}", **spec)
+
+
+def add_outputs(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
+    """Required output paths `--out-NAME`, in order; `helps` gives a help text by NAME."""
+    for name in names:
+        p.add_argument(f"--out-{name}", required=True, help=helps.get(name.replace("-", "_")))
+
+
+def parse(p: argparse.ArgumentParser) -> tuple[argparse.Namespace, dict | None]:
+    """The command line's arguments, and the config its `--config` names, loaded and checked
+    (None when the command takes no --config). Call it inside `main`, so a bad config is one
+    line and exit status 2."""
+    args = p.parse_args()
+    if getattr(args, "config", None) is None:
+        return args, None
+    from circuitflow import config as cf_config  # imports torch: only for commands that need it
+
+    return args, cf_config.load(args.config)
 
 
 def main(run: Callable[[], None]) -> None:

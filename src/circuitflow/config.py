@@ -1,9 +1,11 @@
 """Load, validate and resolve the pipeline configuration.
 
-The JSON schema (workflow/schemas/config.schema.yaml) checks types, unknown keys and fills
-defaults through `snakemake.utils.validate`; the checks here need more than a schema can say
-(layers against the model's depth, behaviour sources against the model kind, files that exist).
-Every failure is one line that names the key and, where there is a list, the allowed values.
+The JSON schema (workflow/schemas/config.schema.yaml, read through `circuitflow.schema`) checks
+types, unknown keys and fills defaults through `snakemake.utils.validate`; the checks here need
+more than a schema can say (layers against the model's depth, behaviour sources against the model
+kind, files that exist, values that cannot work together). Every failure is one line that names
+the key and, where there is a list, the allowed values. A stage turns the sections it reads into
+their dataclasses with `typed` (from `circuitflow.schema`, re-exported here).
 """
 
 from __future__ import annotations
@@ -20,60 +22,27 @@ from typing import Any
 import yaml
 
 from circuitflow.errors import ConfigError
-from circuitflow.model.architectures import hf_field, read_hf_config
+from circuitflow.model.architectures import auto_active_heads, hf_field, read_hf_config
+from circuitflow.schema import (
+    LAYER_FORMS,
+    SCHEMA_PATH,
+    load_schema,
+    problem,
+    schema_defaults,
+    typed,
+)
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 EMBEDDED = "embedded"
-LAYER_FORMS = "must be 'all', an index, a list of indices or a range like '0-5'"
-__all__ = ["ConfigError", "load", "resolve", "section"]
-
-
-def load_schema(schema_path: Path = SCHEMA_PATH) -> dict:
-    return yaml.safe_load(Path(schema_path).read_text())
-
-
-def schema_defaults(path: str = "", schema_path: Path = SCHEMA_PATH) -> dict:
-    """The schema's defaults below `path` ("" for the whole config, "sae.controller" for a
-    section), nested as a config would hold them: what every unset key resolves to."""
-    node = load_schema(schema_path)
-    for key in filter(None, path.split(".")):
-        node = node["properties"][key]
-
-    def walk(node: dict) -> dict:
-        out = {}
-        for key, sub in node.get("properties", {}).items():
-            if "properties" in sub:
-                out[key] = walk(sub)
-            elif "default" in sub:
-                out[key] = copy.deepcopy(sub["default"])
-        return out
-
-    return walk(node)
-
-
-def _key_path(error) -> str:
-    parts = [str(p) for p in error.absolute_path]
-    return ".".join(parts) if parts else "(top level)"
-
-
-def _describe(error) -> str:
-    """One line for a jsonschema error: the key, what is wrong, and what is allowed."""
-    key = _key_path(error)
-    if error.validator == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed))
-        where = f"{key}." if key != "(top level)" else ""
-        return f"unknown key {where}{extra[0]!s}; allowed keys: {', '.join(allowed)}"
-    if error.validator == "enum":
-        allowed = ", ".join(map(str, error.validator_value))
-        return f"{key}: {error.instance!r} is not allowed; allowed values: {allowed}"
-    if error.validator == "type":
-        return f"{key}: {error.instance!r} is not of type {error.validator_value}"
-    if error.validator == "required":
-        return f"{key}: {error.message}"
-    if error.validator == "oneOf" and key.endswith("layers"):
-        return f"{key}: {error.instance!r} {LAYER_FORMS}"
-    return f"{key}: {error.message}"
+__all__ = [
+    "ConfigError",
+    "load",
+    "load_schema",
+    "resolve",
+    "schema_defaults",
+    "section",
+    "typed",
+    "validate_schema",
+]
 
 
 def validate_schema(config: dict, schema_path: Path = SCHEMA_PATH) -> dict:
@@ -85,11 +54,7 @@ def validate_schema(config: dict, schema_path: Path = SCHEMA_PATH) -> dict:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError:
         # Snakemake's message repeats the whole schema; find the error that matters and say it once.
-        import jsonschema
-
-        validator = jsonschema.Draft202012Validator(load_schema(schema_path))
-        error = jsonschema.exceptions.best_match(validator.iter_errors(config))
-        raise ConfigError(_describe(error)) from None
+        raise ConfigError(problem(config, "", schema_path)) from None
     return config
 
 
@@ -131,7 +96,7 @@ def model_n_layers(config: dict) -> int:
     model = config["model"]
     if is_embedded(config):
         return config["embedded"]["architecture"]["n_layers"]
-    if model.get("n_layers"):
+    if model["n_layers"]:
         return model["n_layers"]
     path = Path(model["name"])
     if path.exists():
@@ -197,7 +162,9 @@ def offline_tokenizer(config: dict):
     if is_embedded(config):
         from circuitflow.model.language import LanguageConfig, SyntheticLanguage
 
-        lang = LanguageConfig(**config["embedded"]["language"], seed=config["seed"])
+        lang = typed(
+            LanguageConfig, config["embedded"]["language"], "embedded.language", seed=config["seed"]
+        )
         return SyntheticLanguage(lang).tokenizer
     from transformers import AutoTokenizer
 
@@ -213,7 +180,7 @@ def offline_tokenizer(config: dict):
             from circuitflow.model.load import official_model_name
 
             names.append(official_model_name(model["name"]))
-        cache = model.get("hf_cache")  # prefetch sets HF_HOME to it: its hub/ is the cache
+        cache = model["hf_cache"]  # prefetch sets HF_HOME to it: its hub/ is the cache
         options = {"local_files_only": True}
         options["cache_dir"] = Path(cache).expanduser() / "hub" if cache else None
     for name in dict.fromkeys(names):
@@ -289,22 +256,16 @@ def check_behaviours(
             raise ConfigError(f"{key}.path: {err}") from None
 
 
-def auto_active_heads(n_layers: int, n_heads: int) -> list[int]:
-    """`active_heads: auto`: two heads in layer 0 (a previous-token head and one more), one in
-    every later layer (an induction head needs one), so each planted mechanism lives in one head."""
-    return [min(2, n_heads)] + [1] * (n_layers - 1)
-
-
 def check_embedded(config: dict) -> None:
     arch = config["embedded"]["architecture"]
-    if arch.get("active_heads") == "auto":
+    if arch["active_heads"] == "auto":
         arch["active_heads"] = auto_active_heads(arch["n_layers"], arch["n_heads"])
     if arch["d_model"] != arch["n_heads"] * arch["d_head"]:
         raise ConfigError(
             "embedded.architecture.d_head: n_heads * d_head must equal d_model "
             f"({arch['n_heads']} * {arch['d_head']} != {arch['d_model']})"
         )
-    active = arch.get("active_heads")
+    active = arch["active_heads"]
     if active is not None and (
         len(active) != arch["n_layers"] or any(not 1 <= a <= arch["n_heads"] for a in active)
     ):
@@ -344,7 +305,14 @@ def check_cross_fields(config: dict) -> None:
     sae, capture = config["sae"], config["capture"]
     d_sae = sae["d_sae"] or (sae["expansion_factor"] * dims["d_model"] if dims else None)
     where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
-    fixed_l0 = architectures.get(sae["architecture"]).controlled_coefficient is None
+    architecture = architectures.get(sae["architecture"])
+    if sae["trainer"] == "fast" and not architecture.sparse_trainer:
+        fast = [name for name, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
+        raise ConfigError(
+            f"sae.trainer: fast trains {', '.join(fast)} only, not {sae['architecture']}; "
+            "use auto or saelens"
+        )
+    fixed_l0 = architecture.controlled_coefficient is None
     if d_sae is not None and fixed_l0 and sae["k"] > d_sae:
         raise ConfigError(
             f"sae.k: {sae['k']} latents per token cannot exceed the SAE's width ({where} = {d_sae})"

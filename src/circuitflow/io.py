@@ -107,10 +107,6 @@ def save_figure(path: Path | str, fig, dpi: int = 120) -> None:
     plt.close(fig)
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

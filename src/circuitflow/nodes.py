@@ -107,10 +107,6 @@ class Node:
         }.get(self.kind, f"{self.site}{self.layer}/F{self.index}")
 
     @property
-    def is_sae(self) -> bool:
-        return self.kind in ("feature", "error")
-
-    @property
     def order(self) -> float:
         """Position in the forward pass (embedding first; heads, then MLP, within a layer; an
         SAE node just after its site)."""

@@ -7,21 +7,32 @@ elementwise ops are left out. Roofline share = FLOPs per token x measured tokens
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 # Dense (no sparsity) datasheet peaks in FLOP/s by GPU and compute dtype. float32 matmuls on
-# Ampere and newer run as TF32 once models.enable_fast_math has switched it on.
+# Ampere and newer run as TF32 once devices.enable_fast_math has switched it on.
 NOMINAL_PEAK_FLOPS = {
     "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
     "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},  # SXM
     "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
     "T4": {"float16": 65e12, "float32": 8.1e12},
 }
+
+
+@dataclass(frozen=True)
+class Work:
+    """A job's counted work, planned from its config (each stage's `plan.job_work`): matrix
+    FLOPs by compute dtype, bytes through the disk, and seconds of work that is neither (such
+    as tokenising). circuitflow.resources turns it into a walltime at a cluster's rates."""
+
+    flops: dict[str, float]
+    disk_bytes: float = 0.0
+    other_seconds: float = 0.0
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -90,58 +101,30 @@ def attribution_passes(
 ) -> dict[str, float]:
     """Forward-pass equivalents per prompt of each part of the attribution stage (the parts its
     PassCounter names), for `n_prompts` prompts and config `acfg` (AttributionConfig), read off
-    the loops of attribution/scores.py and attribution/graph.py. A backward with frozen weights
+    the loops of attribution/scores.py and attribution/graph.py and the method's registry record
+    (attribution/methods: its `passes` and `gradient_passes`). A backward with frozen weights
     computes input gradients only: it counts two forwards. Exact patching, edges and their
     validation run on the validation prompts only; they are upper bounds where the work
     depends on the scores (features that never move, nodes without upstream nodes).
     """
+    method = acfg.method_record  # perf imports no stage: splice imports it
     layers, heads = model_cfg.n_layers, model_cfg.n_heads
-    gradients = 3.0 * (acfg.ig_steps if acfg.method == "ig" else 1)  # forward + backward
-    parts = {acfg.method: 2.0 + gradients - (1.0 if acfg.method == "atp" else 0.0)}
+    # The corrupted forward both share, then the method's own passes (its registry record).
+    parts = {method.name: 1.0 + method.passes(acfg)}
     share = min(acfg.validation_prompts, n_prompts) / max(n_prompts, 1)
     features = acfg.validation_features
     if d_sae is not None:
         features = min(features, n_saes * d_sae)
     exact = 1 + layers + n_saes + min(acfg.validation_heads, layers * heads) + features
     parts["exact"] = share * (2.0 + exact)  # corrupted and clean forwards, one per node
-    # Corrupted forward, the gradients (ig: after a clean forward), one cut forward per node.
-    clean = 1.0 if acfg.method == "ig" else 0.0
+    # Corrupted forward, the method's gradients, one cut forward per upstream node.
     # Bridges (graph.py): at most an error node and `bridge_features` features per SAE.
     bridges = n_saes * (1 + acfg.bridge_features) if acfg.bridge_features else 0
     upstream = acfg.max_graph_nodes + bridges
-    parts["edges"] = share * (1.0 + clean + gradients + upstream)
+    parts["edges"] = share * (1.0 + method.gradient_passes(acfg) + upstream)
     if acfg.validation_edges:
         # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
         parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
-    return parts
-
-
-def interventions_passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
-    """Forward-pass equivalents per prompt of the interventions stage, an upper bound by part
-    (the parts its PassCounter names), read off interventions/: every ablated run is one forward
-    pass of every prompt. Zero and mean ablations serve every seed from one run; resample
-    ablation runs each seed. The circuit candidates are bounded by every component, every SAE
-    feature and error term (the stage takes the features that fire), so the grid of circuit
-    sizes and the bisection are bounds too. `icfg` is an InterventionsConfig."""
-    layers, heads = model_cfg.n_layers, model_cfg.n_heads
-    seeds = icfg.n_seeds if icfg.ablation == "resample" else 1
-    candidates = 1 + layers * heads + layers + n_saes * (d_sae + 1)
-    if icfg.circuit_sizes is not None:
-        grid = len(set(icfg.circuit_sizes)) + 1
-    else:
-        grid = candidates + 1 if candidates <= 64 else 24 + 3
-    bisection = math.ceil(math.log2(max(candidates, 2)))
-    random = icfg.n_random_circuits
-    # The clean run, the mean reference, each SAE's features on the clean prompts; per size the
-    # circuit and its complement (seed-averaged) and every random draw's pair; the graph's pair;
-    # the bisection's pairs and the random draws at the size it finds; everything ablated.
-    circuits = 2.0 + n_saes + seeds * (2 * grid + 2 + 2 * bisection + 1) + 2 * random * (grid + 1)
-    sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
-               for k in range(2, icfg.max_set_size + 1))  # fmt: skip
-    parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
-    chosen = icfg.n_features * (1 + icfg.n_random_features)
-    steered = icfg.n_features * 2 * sum(1 for a in icfg.steering_alphas if a)
-    parts["features"] = float(n_saes + seeds * chosen + steered)
     return parts
 
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ import pandas as pd
 from circuitflow.errors import ConfigError, InputError
 from circuitflow.io import write_parquet
 from circuitflow.model.language import LanguageConfig, SyntheticLanguage
+from circuitflow.schema import schema_defaults, typed
 
 PROMPT_COLUMNS = [
     "prompt_id",
@@ -360,6 +362,20 @@ def file_prompts(
 
 # --- the registry of sources ----------------------------------------------------------------------
 @dataclass(frozen=True)
+class BehaviourConfig:
+    """One entry of the `behaviours:` config section (defaults: the schema's)."""
+
+    source: str  # a key of SOURCES
+    path: str | None = None  # source: file only
+    n_prompts: int = schema_defaults("behaviours.<name>")["n_prompts"]
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict[str, Any]) -> BehaviourConfig:
+        """From the entry `behaviours.<name>`, whole or partial (the schema checks it)."""
+        return typed(cls, d, f"behaviours.{name}")
+
+
+@dataclass(frozen=True)
 class PromptContext:
     """What a source may draw on: the embedded model's language (None for real models), an
     encoder with the model's tokenizer, the behaviour's config entry, the folder a relative
@@ -368,7 +384,7 @@ class PromptContext:
 
     language: SyntheticLanguage | None
     encoder: Encoder
-    spec: dict
+    spec: BehaviourConfig
     base_dir: Path
     name: str = ""
 
@@ -383,10 +399,10 @@ class Source:
         return self.models == "any" or self.models == ("embedded" if embedded else "real")
 
 
-def prompt_file_path(spec: dict, base_dir: Path | str) -> Path:
+def prompt_file_path(spec: BehaviourConfig, base_dir: Path | str) -> Path:
     """The absolute path of a `source: file` behaviour's file: `path` as config validation
     resolved it (absolute), or a relative one against `base_dir`."""
-    path = Path(spec["path"]).expanduser()
+    path = Path(spec.path).expanduser()
     return path if path.is_absolute() else (Path(base_dir) / path).absolute()
 
 
@@ -412,7 +428,7 @@ def allowed_sources(embedded: bool) -> list[str]:
 
 def make_prompts(
     name: str,
-    spec: dict,
+    spec: BehaviourConfig,
     seed: int,
     model_info: dict,
     model_dir: Path,
@@ -422,10 +438,10 @@ def make_prompts(
     A relative `path` resolves against `base_dir` (default: the working directory); a resolved
     config holds it absolute. A file's problems are one line naming `behaviours.<name>.path`."""
     embedded = model_info["kind"] == "embedded"
-    source = SOURCES.get(spec["source"])
+    source = SOURCES.get(spec.source)
     if source is None or not source.works_with(embedded):
         raise ConfigError(
-            f"behaviours.{name}.source: {spec['source']!r} does not work with this model"
+            f"behaviours.{name}.source: {spec.source!r} does not work with this model"
         )
     if embedded:
         language = SyntheticLanguage(LanguageConfig(**model_info["language"]))
@@ -436,7 +452,7 @@ def make_prompts(
         language, encoder = None, Encoder(load_tokenizer(model_dir))
     context = PromptContext(language, encoder, spec, Path(base_dir or Path.cwd()), name)
     try:
-        return source.make(context, behaviour_rng(seed, name), spec.get("n_prompts", 256))
+        return source.make(context, behaviour_rng(seed, name), spec.n_prompts)
     except ConfigError as err:
         if not source.needs_path:
             raise
@@ -451,29 +467,13 @@ def run(config: dict, behaviour: str, model_dir: Path | str, out: Path | str) ->
         raise ConfigError(f"behaviours: no behaviour named {behaviour!r}")
     frame = make_prompts(
         behaviour,
-        config["behaviours"][behaviour],
+        BehaviourConfig.from_dict(behaviour, config["behaviours"][behaviour]),
         config["seed"],
         read_model_json(model_dir),
         Path(model_dir),
     )
     write_parquet(out, frame)
     return frame
-
-
-def by_length(token_lists) -> list[np.ndarray]:
-    """Row indices of prompts grouped by token length, in first-seen order: stages batch prompts
-    of one length together (no padding, so no attention-mask subtleties)."""
-    groups: dict[int, list[int]] = {}
-    for i, tokens in enumerate(token_lists):
-        groups.setdefault(len(tokens), []).append(i)
-    return [np.asarray(rows) for rows in groups.values()]
-
-
-def selection_half(prompts: pd.DataFrame) -> np.ndarray:
-    """True for the prompts circuits are chosen on (even `prompt_id`), False for the held-out
-    half they are scored on (odd). Prompt ids follow generation order, so the halves are two
-    random halves of the behaviour; attribution and interventions split alike."""
-    return (prompts["prompt_id"].to_numpy() % 2) == 0
 
 
 def read_prompts(path: Path | str) -> pd.DataFrame:

@@ -8,9 +8,10 @@ import torch
 from helpers.spliced import D_SAE, N_HEADS, N_LAYERS, tiny_spliced
 
 from circuitflow.attribution import graph as circuit_graph
+from circuitflow.attribution import methods, splice
 from circuitflow.attribution import scores as attr
-from circuitflow.attribution import splice
 from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.methods import atp, ig
 from circuitflow.nodes import Node, hook_name
 
 
@@ -50,7 +51,7 @@ def test_splice_keeps_gradients_of_the_plain_model(tiny):
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["atp", "ig"])
+@pytest.mark.parametrize("method", list(methods.REGISTRY))
 def test_fast_methods_agree_with_exact_patching_kind_by_kind(tiny, method):
     """Every feature of both SAEs patched exactly: the fast scores rank features (and the whole
     node set) as exact patching does. The features the corruption does not move where the
@@ -60,7 +61,7 @@ def test_fast_methods_agree_with_exact_patching_kind_by_kind(tiny, method):
     model, saes, prompts = tiny
     every = N_LAYERS * D_SAE
     cfg = AttributionConfig(method=method, ig_steps=16, validation_features=every, batch_size=4)
-    scores = attr.attribute(model, prompts, saes, cfg)
+    scores = attr.score_nodes(model, prompts, saes, cfg)
     frame = scores.frame
     assert {"head", "mlp", "embedding", "feature", "error"} <= set(frame["kind"])
     assert frame["score_exact"].notna().all()
@@ -95,10 +96,10 @@ def test_validation_compares_fast_and_exact_scores_on_the_same_prompts(tiny):
     cfg = AttributionConfig(
         method="atp", validation_prompts=4, validation_features=N_LAYERS * D_SAE
     )
-    frame = attr.attribute(model, prompts, saes, cfg).frame
+    frame = attr.score_nodes(model, prompts, saes, cfg).frame
     subset = attr.validation_prompts(prompts, cfg)
     assert 0 < len(subset) < len(prompts)
-    alone = attr.attribute(model, subset, saes, cfg).frame
+    alone = attr.score_nodes(model, subset, saes, cfg).frame
     np.testing.assert_allclose(frame["score_atp_validation"], alone["score_atp"], atol=1e-6)
     np.testing.assert_allclose(frame["score_exact"], alone["score_exact"], atol=1e-6)
     assert not np.allclose(frame["score_atp"], alone["score_atp"], atol=1e-3)
@@ -115,12 +116,12 @@ def _linear_scores(model, saes, prompts, method: str, steps: int = 0) -> dict:
     batch = next(splice.iter_batches(prompts, len(prompts), "cpu"))
     corr = sp.acts(batch.corrupted)
     if method == "atp":
-        scores = attr.atp_batch(sp, batch, corr, exact_direct=False)[0]
+        scores = atp.atp_batch(sp, batch, corr, exact_direct=False)[0]
     else:
         with torch.no_grad():
             run = sp.run(batch.clean)
         clean = {k: v.detach() for k, v in run.acts.items()}
-        scores = attr.ig_batch(sp, batch, clean, corr, run.final, steps, exact_direct=False)
+        scores = ig.ig_batch(sp, batch, clean, corr, run.final, steps, exact_direct=False)
     return {k: v.mean(0).detach() for k, v in scores.items()}
 
 
@@ -181,7 +182,7 @@ def test_ig_integrates_along_the_activation_path(tiny):
     np.testing.assert_allclose(ours.numpy(), expected.detach().numpy(), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["atp", "ig"])
+@pytest.mark.parametrize("method", list(methods.REGISTRY))
 def test_last_layer_features_score_their_exact_effect(tiny, method):
     """A feature of the SAE on the last resid_post reaches the metric only through the final
     norm, so with its direct part exact (direct.py) both fast methods give its patching effect:
@@ -203,7 +204,7 @@ def test_last_layer_features_score_their_exact_effect(tiny, method):
             with model.hooks(fwd_hooks=[(hook, lambda act, hook, x=x: x)]):
                 expected.append((base - splice.logit_diff(model(clean), ans, dis)).mean())
     cfg = AttributionConfig(method=method, ig_steps=4, validation_features=0)
-    frame = attr.attribute(model, prompts, saes, cfg).frame
+    frame = attr.score_nodes(model, prompts, saes, cfg).frame
     ours = frame[(frame["key"] == hook + ".sae:feats")].sort_values("index")[f"score_{method}"]
     expected = torch.stack(expected).numpy()
     assert np.abs(expected).max() > 1e-2  # features that move the metric
@@ -240,7 +241,7 @@ def test_edges_are_direct_effects_and_agree_with_exact_direct_paths(tiny):
         node_threshold=1.0,
         max_graph_nodes=200,
     )
-    scores = attr.attribute(model, prompts, saes, cfg)
+    scores = attr.score_nodes(model, prompts, saes, cfg)
     frame = attr.with_score(scores.frame, cfg.method)
     nodes = circuit_graph.select_nodes(frame, cfg)
     sp = scores.spliced
@@ -349,7 +350,7 @@ def test_cumulative_keep():
     assert circuit_graph.cumulative_keep(values, 1.0, cap=2).tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("method", ["atp", "ig"])
+@pytest.mark.parametrize("method", list(methods.REGISTRY))
 def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     """perf.attribution_passes (what the GPU-hours estimate charges) against the count the
     stage keeps where it runs the model: equal where the work is fixed by the config, an upper

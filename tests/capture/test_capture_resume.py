@@ -15,6 +15,7 @@ import pytest
 from helpers.dag import REPO
 
 from circuitflow.capture import tokens as corpus
+from circuitflow.capture.config import CaptureConfig
 from circuitflow.capture.files import open_activations, partial_path
 from circuitflow.errors import EXIT_CHECKPOINTED, ActivationFileError
 from circuitflow.model.embedded import EmbeddedModelConfig, TrainingConfig, train
@@ -40,7 +41,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     model_dir = root / "model"
     train(EmbeddedModelConfig(training=TrainingConfig(steps=2, log_every=1)), model_dir)
-    toks, meta = corpus.build_token_set(CAPTURE, 0, model_dir)
+    toks, meta = corpus.build_token_set(CaptureConfig.from_dict(CAPTURE), 0, model_dir)
     corpus.write_token_set(toks, meta, root / "tokens.npy", root / "tokens.json")
     config = {
         "seed": 0,

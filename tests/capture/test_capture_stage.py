@@ -11,8 +11,8 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuitflow.capture import stage as cap
+from circuitflow.capture.config import CaptureConfig
 from circuitflow.capture.files import merge_shards, open_activations, partial_path
-from circuitflow.capture.stage import CaptureOptions
 from circuitflow.errors import ActivationFileError
 
 META = {"model_hash": "m" * 8, "token_set_hash": "t" * 8, "bos_token_id": 0}
@@ -36,7 +36,7 @@ def tokens():
 
 
 def run(model, tokens, out, layers=(0, 2), sites=SITES, **kw):
-    opts = CaptureOptions(**({"dtype": "float32", "batch_size": 8, "checkpoint_tokens": 50} | kw))
+    opts = CaptureConfig(**({"dtype": "float32", "batch_size": 8, "checkpoint_tokens": 50} | kw))
     targets = {(s, layer): out / s / f"layer_{layer}.h5" for s in sites for layer in layers}
     result = cap.capture(model, tokens, META, targets, opts, progress=False)
     return targets, result
@@ -104,7 +104,7 @@ def test_injected_oom_halves_batch_and_keeps_it(model, tokens, tmp_path):
         if batch_size > 2:
             raise torch.cuda.OutOfMemoryError("injected")
 
-    opts = CaptureOptions(dtype="float32", batch_size=16, checkpoint_tokens=50)
+    opts = CaptureConfig(dtype="float32", batch_size=16, checkpoint_tokens=50)
     target = {("resid_post", 2): tmp_path / "oom.h5"}
     result = cap.capture(model, tokens, META, target, opts, inject_oom=inject, progress=False)
     assert result.batch_size == 2
@@ -121,7 +121,7 @@ def test_oom_at_batch_size_one_fails_clearly(model, tokens, tmp_path):
     def inject(batch_size):
         raise torch.cuda.OutOfMemoryError("injected")
 
-    opts = CaptureOptions(dtype="float32", batch_size=2)
+    opts = CaptureConfig(dtype="float32", batch_size=2)
     with pytest.raises(MemoryError, match="even at batch size 1"):
         cap.capture(model, tokens, META, {("resid_post", 0): tmp_path / "x.h5"}, opts,
                     inject_oom=inject, progress=False)  # fmt: skip
@@ -129,7 +129,7 @@ def test_oom_at_batch_size_one_fails_clearly(model, tokens, tmp_path):
 
 
 def test_shards_merge_to_the_unsharded_bytes(model, tokens, tmp_path):
-    opts = CaptureOptions(dtype="float32", batch_size=4, checkpoint_tokens=30)
+    opts = CaptureConfig(dtype="float32", batch_size=4, checkpoint_tokens=30)
     unit = cap.unit_contexts(opts, 12)
     ranges = [cap.shard_range(len(tokens), unit, i, 3) for i in range(3)]
     assert ranges[0][0] == 0 and ranges[-1][1] == 37
@@ -191,7 +191,7 @@ def test_partial_file_is_refused(model, tokens, tmp_path):
         if calls["n"] > 2:
             raise Stop
 
-    opts = CaptureOptions(dtype="float32", batch_size=4, checkpoint_tokens=30)
+    opts = CaptureConfig(dtype="float32", batch_size=4, checkpoint_tokens=30)
     out = tmp_path / "layer_0.h5"
     with pytest.raises(Stop):
         cap.capture(model, tokens, META, {("resid_post", 0): out}, opts,
@@ -217,7 +217,7 @@ def test_full_disk_is_refused_before_any_row_is_written(model, tokens, tmp_path,
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, 1 << 20, 4096))
-    opts = CaptureOptions(dtype="float32", batch_size=4)
+    opts = CaptureConfig(dtype="float32", batch_size=4)
     target = {("resid_post", 0): tmp_path / "full.h5"}
     with pytest.raises(OSError, match="capture needs .* MiB more under") as info:
         cap.capture(model, tokens, META, target, opts, progress=False)
@@ -237,7 +237,7 @@ def test_forward_passes_counted_per_context(model, tokens, tmp_path):
         assert json.loads(f.attrs["forward_equivalents_by_part"]) == {
             "capture": pytest.approx(2 / 3)
         }
-    opts = CaptureOptions(dtype="float32", batch_size=4, checkpoint_tokens=30)
+    opts = CaptureConfig(dtype="float32", batch_size=4, checkpoint_tokens=30)
     unit = cap.unit_contexts(opts, 12)
     shards = []
     for i in range(2):

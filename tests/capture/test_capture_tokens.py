@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from circuitflow.capture import tokens as corpus
+from circuitflow.capture.config import CaptureConfig
 from circuitflow.model.language import LanguageConfig, SyntheticLanguage
 
-CAPTURE = {
-    "n_tokens": 600,
-    "corpus": None,
-    "split": "train",
-    "text_column": "text",
-    "context_length": 16,
-    "exclude_bos": True,
-}
+CAPTURE = CaptureConfig(n_tokens=600, context_length=16)
 EMBEDDED_INFO = {
     "kind": "embedded",
     "architecture": {"n_ctx": 32},
@@ -42,13 +37,13 @@ def test_synthetic_is_seeded_and_separate_from_training():
 def test_context_and_token_counts():
     assert corpus.n_contexts_for(600, 16, True) == 40
     assert corpus.n_contexts_for(600, 16, False) == 38
-    assert corpus.context_length_for({"context_length": None}, EMBEDDED_INFO) == 32
+    assert corpus.context_length_for(CaptureConfig(), EMBEDDED_INFO) == 32
     real = {"kind": "local_hf", "architecture": {"n_ctx": 1024}}
-    assert corpus.context_length_for({"context_length": None}, real) == 128
+    assert corpus.context_length_for(CaptureConfig(), real) == 128
     with pytest.raises(ValueError, match="capture.context_length"):
-        corpus.context_length_for({"context_length": 64}, EMBEDDED_INFO)
+        corpus.context_length_for(CaptureConfig(context_length=64), EMBEDDED_INFO)
     with pytest.raises(ValueError, match="capture.corpus"):
-        corpus.corpus_source({"corpus": None}, real)
+        corpus.corpus_source(CaptureConfig(), real)
 
 
 @pytest.fixture
@@ -76,7 +71,7 @@ def test_local_corpus_is_tokenized_and_packed_with_bos(local_model, tmp_path, fm
         import pandas as pd
 
         pd.DataFrame({"text": docs}).to_parquet(path)
-    toks, meta = corpus.build_token_set(CAPTURE | {"corpus": str(path)}, 0, local_model)
+    toks, meta = corpus.build_token_set(replace(CAPTURE, corpus=str(path)), 0, local_model)
     tok = AutoTokenizer.from_pretrained(
         json.loads((local_model / "model.json").read_text())["path"]
     )
@@ -94,7 +89,7 @@ def test_too_small_corpus_fails_clearly(local_model, tmp_path):
     path = tmp_path / "tiny.txt"
     path.write_text("The capital of France\n")
     with pytest.raises(ValueError, match="capture.n_tokens: corpus .* has only"):
-        corpus.build_token_set(CAPTURE | {"corpus": str(path)}, 0, local_model)
+        corpus.build_token_set(replace(CAPTURE, corpus=str(path)), 0, local_model)
 
 
 def test_token_set_round_trip(tmp_path):

@@ -25,7 +25,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from circuitflow import memory  # noqa: E402
+from circuitflow.attribution import plan as attribution_plan  # noqa: E402
 from circuitflow.model import architectures  # noqa: E402
+from circuitflow.sae import plan as sae_plan  # noqa: E402
 
 
 def emit(stage: str, case: str, measured: int, planned: int) -> None:
@@ -43,7 +45,7 @@ def small_model(arch: str):
 
 
 def capture(arch: str, tmp: Path) -> None:
-    from circuitflow.capture.stage import CaptureOptions
+    from circuitflow.capture.config import CaptureConfig
     from circuitflow.capture.stage import capture as run_capture
 
     model, weights = small_model(arch)
@@ -53,7 +55,7 @@ def capture(arch: str, tmp: Path) -> None:
     meta = {"model_hash": "m", "token_set_hash": "t", "bos_token_id": 0}
     with memory.PeakMeter("cpu") as meter:
         result = run_capture(
-            model, tokens, meta, targets, CaptureOptions(batch_size=16), progress=False
+            model, tokens, meta, targets, CaptureConfig(batch_size=16), progress=False
         )
     emit("capture", arch, meter.delta + weights, int(result.planned_peak_mb * memory.MiB))
 
@@ -111,7 +113,7 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
         hook = hook_name("resid_post", layer)
         cfg = TopKSAEConfig(d_in=d, d_sae=d_sae, k=32, metadata=SAEMetadata(hook_name=hook))
         saes[hook] = TopKSAE(cfg).eval().requires_grad_(False)
-    resident = weights + 2 * memory.sae_param_bytes(d, d_sae)
+    resident = weights + 2 * sae_plan.sae_param_bytes(d, d_sae)
     rng = np.random.default_rng(0)
     clean = rng.integers(1, 1000, (n_prompts, t))
     corrupted = clean.copy()
@@ -126,9 +128,9 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
         method=method, ig_steps=1, validation_heads=0, validation_features=0, batch_size=n_prompts
     )
     with memory.PeakMeter("cpu") as meter:
-        attr.attribute(model, prompts, saes, acfg)
+        attr.score_nodes(model, prompts, saes, acfg)
     n_params = sum(p.numel() for p in model.parameters())
-    est = memory.estimate_attribution(
+    est = attribution_plan.estimate_attribution(
         model.cfg, n_params, t, 2, d_sae, torch.float32, "cpu", method
     )
     emit("attribution", f"{arch} {method}", meter.delta + resident, est.total(n_prompts))

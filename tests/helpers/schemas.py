@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from circuitflow.attribution.config import METHODS
+from circuitflow.attribution.methods import REGISTRY
 
 
 def check_graph_schema(graph: dict) -> None:
@@ -21,7 +21,7 @@ def check_graph_schema(graph: dict) -> None:
     for e in graph["edges"]:
         assert e["source"] in ids and e["target"] in ids and isinstance(e["weight"], float)
     assert {"node_threshold", "edge_threshold"} <= set(graph["thresholds"])
-    assert graph["method"] in METHODS
+    assert graph["method"] in REGISTRY
     # Every computed edge, before pruning (graph.html re-prunes from them).
     computed = {(e["source"], e["target"]) for e in graph["computed_edges"]}
     assert len(graph["computed_edges"]) == graph["n_edges_computed"]

@@ -29,12 +29,12 @@ from helpers.spliced import (
 from circuitflow.attribution import scores as attr
 from circuitflow.attribution import splice
 from circuitflow.attribution.config import AttributionConfig
+from circuitflow.batching import selection_half
 from circuitflow.interventions import circuits, stats
 from circuitflow.interventions import stage as iv_stage
 from circuitflow.interventions.ablation import Intervener, Request
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.nodes import Node, component_nodes, hook_name
-from circuitflow.prompts import selection_half
 
 N_PROMPTS = 12
 
@@ -352,7 +352,7 @@ def test_statistics():
 def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     model, saes, prompts = tiny
     acfg = AttributionConfig(method="atp", validation_features=0)
-    scores = attr.attribute(model, prompts, saes, acfg)
+    scores = attr.score_nodes(model, prompts, saes, acfg)
     frame = attr.with_score(scores.frame, "atp")
     adir = tmp_path / "attribution" / "b"
     adir.mkdir(parents=True)
@@ -458,7 +458,7 @@ def test_script_help_and_bad_config():
     script = str(REPO / "scripts" / "interventions.py")
     done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "behaviour" in done.stdout
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key interventions.ablate; allowed keys"):
         InterventionsConfig.from_dict({"ablate": "zero"})
     with pytest.raises(ValueError, match="allowed values"):
         Intervener(None, pd.DataFrame(), "median")

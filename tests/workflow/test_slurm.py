@@ -23,6 +23,7 @@ from helpers.dag import REPO, SNAKEMAKE, load_test_config, run_snakemake
 
 from circuitflow import config as cf_config
 from circuitflow import resources
+from circuitflow.cluster import Cluster
 from circuitflow.resources import GPU_RULES
 
 pytestmark = pytest.mark.slow
@@ -69,8 +70,10 @@ def test_local_profile_is_csd3_with_documented_substitutions():
 
 
 # ------------------------------------------------------------------------ dry run, CSD3 --------
-def _dry_run_jobs(tmp_path: Path, configfile: Path, env: dict) -> list[dict]:
-    cmd = [*SNAKEMAKE, "--profile", "profiles/csd3", "--configfile", str(configfile), "-n"]
+def _dry_run_jobs(
+    tmp_path: Path, configfile: Path, env: dict, profile: str = "profiles/csd3"
+) -> list[dict]:
+    cmd = [*SNAKEMAKE, "--profile", profile, "--configfile", str(configfile), "-n", "-p"]
     cmd += ["--directory", str(tmp_path)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -86,6 +89,8 @@ def _dry_run_jobs(tmp_path: Path, configfile: Path, env: dict) -> list[dict]:
             job = jobs[-1]
         elif job and (m := re.match(r"^\s+(threads|resources|wildcards): (.*)$", line)):
             job[m.group(1)] = m.group(2)
+        elif job and line.lstrip().startswith("Shell command: "):
+            job["shell"] = line.lstrip().removeprefix("Shell command: ")
     for job in jobs:
         pairs = re.findall(r"(\w+)=([^,]*)(?:, |$)", job.get("resources", ""))
         job["resources"] = {k: int(v) if v.isdigit() else v for k, v in pairs}
@@ -152,9 +157,7 @@ def test_csd3_dry_run_follows_csd3_rules(tmp_path):
     # work (20M tokens of a 24,576-latent SAE), well under the 36 h cap.
     config = cf_config.load(configfile)
     settings = yaml.safe_load(CSD3.read_text())["default-resources"]
-    cluster = resources.Cluster.from_settings(
-        lambda name, default: resources.setting_value(settings.get(name, default))
-    )
+    cluster = Cluster.from_profile(settings)
     for job in saes:
         assert job["resources"]["runtime"] == resources.runtime(config, "train_sae", 1, cluster)
         assert job["resources"]["runtime"] <= 6 * 60
@@ -174,6 +177,43 @@ def test_csd3_dry_run_follows_csd3_rules(tmp_path):
         env.update({"CSD3_ACCOUNT": account} if account else {})
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
         assert done.returncode != 0 and message in done.stdout + done.stderr, account
+
+
+def test_another_cluster_is_one_profile_folder(tmp_path):
+    """profiles/slurm-h100, an example of another Slurm cluster (H100s in partition gpu, one
+    account from $SLURM_PROJECT, 16 CPUs per GPU): the same workflow, no code change, places
+    its jobs there and plans walltimes and the report's GPU-hours at the H100's rates."""
+    cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    cfg["outdir"] = str(tmp_path / "results")
+    configfile = tmp_path / "gpt2.yaml"
+    configfile.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "SLURM_PROJECT": "lab-gpu"}
+    env.pop("CSD3_ACCOUNT", None)
+    profile = "profiles/slurm-h100"
+    jobs = _dry_run_jobs(tmp_path, configfile, env, profile)
+    settings = yaml.safe_load((REPO / profile / "config.yaml").read_text())["default-resources"]
+    cluster = Cluster.from_profile(settings)
+    assert (cluster.gpu_type, cluster.cpus_per_gpu, cluster.max_runtime) == ("H100", 16, 2880)
+    config = cf_config.load(configfile)
+    remote = [j for j in jobs if j["rule"] not in ("all", "prefetch_model", "prefetch_corpus")]
+    for job in remote:
+        line = sbatch_line(job)
+        assert "-A lab-gpu" in line, line
+        if job["rule"] in GPU_RULES:
+            assert "-p gpu" in line and "--gres=gpu:1" in line, line
+        else:
+            assert "-p cpu" in line and "--gres" not in line, line
+    saes = [j for j in remote if j["rule"] == "train_sae"]
+    h100 = resources.runtime(config, "train_sae", 1, cluster)
+    assert {j["resources"]["runtime"] for j in saes} == {h100}
+    assert h100 < resources.runtime(config, "train_sae", 1, Cluster())  # faster than an A100
+    report = next(j for j in jobs if j["rule"] == "report_gpu_hours")
+    assert "--gpu H100" in report["shell"], report["shell"]
+    # Unset, the account is refused in one line with this profile's own hint.
+    env.pop("SLURM_PROJECT")
+    cmd = [*SNAKEMAKE, "--profile", profile, "--configfile", str(configfile), "-n"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 0 and "export SLURM_PROJECT" in done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------- the local Slurm cluster ---

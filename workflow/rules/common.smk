@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from circuitflow import cluster as cf_cluster
 from circuitflow import config as cf_config
 from circuitflow import resources as cf_resources
 from circuitflow.report import gpu_hours as cf_gpu_hours
@@ -24,6 +25,19 @@ try:
     )
 except cf_config.ConfigError as err:
     raise WorkflowError(f"config error: {err}") from None
+
+
+# Before the first job: jobs call the `python` on PATH (stage() below), which need not be the
+# Python Snakemake runs in (.venv/bin/snakemake from cron, the environment not activated); one
+# line naming it beats a ModuleNotFoundError from every job. Not in a dry run, --lint or
+# --report (no job runs), nor with --sdm conda (the rules' conda environments bring their own).
+onstart:
+    from circuitflow.check_env import job_python_problem
+
+    sdm = workflow.deployment_settings.deployment_method
+    if workflow.is_main_process and (problem := job_python_problem(sdm)):
+        raise WorkflowError(problem)
+
 
 OUT = config["outdir"]
 SRC = Path(workflow.basedir) / "src"
@@ -87,33 +101,22 @@ def sae_outputs():
     return expand(f"{OUT}/saes/{{site}}/layer_{{layer}}", site=SITES, layer=LAYERS)
 
 
-# ---- Job resources: estimates in src/circuitflow/resources.py, cluster facts from the profile --
-# A Slurm profile (profiles/csd3, profiles/local-slurm) declares, among its default-resources,
-# the accounts, the GPU partition, the GRES of a GPU job and the walltime cap. Snakemake parses
-# this file before it picks the executor, so these entries are how rules see the cluster.
-PROFILE_RESOURCES = {
-    name: getattr(value, "raw", value)
-    for name, value in (workflow.resource_settings.default_resources or {}).items()
-}
-
-
-def profile_setting(name, default=None):
-    """A profile default-resource as a value: env vars expanded, quotes removed."""
-    raw = PROFILE_RESOURCES.get(name)
-    return default if raw is None else cf_resources.setting_value(raw)
-
+# ---- Job resources: the rule table in src/circuitflow/resources.py, the cluster from the profile
+# A Slurm profile (profiles/csd3, profiles/local-slurm) states its cluster among its
+# default-resources: accounts, GPU partition and GRES, walltime cap, CPUs per GPU, GPU type and
+# the rates walltimes assume (circuitflow.cluster.Cluster; profiles/README.md lists them).
+# Snakemake parses this file before it picks the executor, so that is how rules see the cluster.
+try:
+    CLUSTER = cf_cluster.Cluster.from_profile(
+        workflow.resource_settings.default_resources
+    )
+except cf_config.ConfigError as err:
+    raise WorkflowError(f"profile error: {err}") from None
 
 # Without a valid account sbatch fails per job with an obscure message; say it once, up front
 # (not inside Slurm jobs, which re-read this file).
-if workflow.is_main_process:
-    for key in ("slurm_account", "gpu_account"):
-        problem = cf_resources.account_problem(key, profile_setting(key, "set"))
-        if problem:
-            raise WorkflowError(problem)
-
-
-# The machine a job's walltime assumes (resources.Cluster): the profile's settings, else CSD3's.
-CLUSTER = cf_resources.Cluster.from_settings(profile_setting)
+if workflow.is_main_process and (problem := CLUSTER.account_problem()):
+    raise WorkflowError(problem)
 
 
 def job_resources(rule):
@@ -127,13 +130,11 @@ def job_resources(rule):
         ),
         "gpus": cf_resources.gpus(config, rule),
     }
-    if res["gpus"] and profile_setting("gpu_partition"):
-        res["slurm_partition"] = profile_setting("gpu_partition")
-        res["slurm_account"] = profile_setting(
-            "gpu_account", profile_setting("slurm_account")
-        )
-        if profile_setting("gpu_gres"):
-            res["gres"] = f"{profile_setting('gpu_gres')}:{res['gpus']}"
+    if res["gpus"] and CLUSTER.gpu_partition:
+        res["slurm_partition"] = CLUSTER.gpu_partition
+        res["slurm_account"] = CLUSTER.gpu_job_account()
+        if CLUSTER.gpu_gres:
+            res["gres"] = f"{CLUSTER.gpu_gres}:{res['gpus']}"
         else:
             # A cluster without GPUs (the local test one): the in-job srun would ask for --gpus.
             res["gpus"] = 0
@@ -142,7 +143,7 @@ def job_resources(rule):
 
 def job_threads(rule):
     """threads: of `rule` (on Slurm, --cpus-per-task, or --cpus-per-gpu for GPU jobs)."""
-    return cf_resources.threads(config, rule)
+    return cf_resources.threads(config, rule, CLUSTER)
 
 
 ATTR = f"{OUT}/attribution"
@@ -160,7 +161,7 @@ def job_envmodules():
     """envmodules: of every rule: the profile's `envmodules` entry (CSD3: rhel8/default-amp),
     loaded in each job when the profile also sets `software-deployment-method: env-modules`.
     """
-    modules = profile_setting("envmodules")
+    modules = CLUSTER.envmodules
     return [modules] if modules else []
 
 

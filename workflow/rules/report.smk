@@ -178,12 +178,20 @@ rule report_gpu_hours:
         **job_resources("report_gpu_hours"),
     params:
         cfg=config_json(
-            "model", "layers", "sites", "behaviours", "capture", "sae", "attribution"
+            "model",
+            "layers",
+            "sites",
+            "behaviours",
+            "capture",
+            "sae",
+            "attribution",
+            "interventions",
         ),
+        gpu=CLUSTER.gpu_type,
     shell:
         stage("report") + " gpu_hours --suite {input.suite} --config {params.cfg}"
-        " --reference-config {input.reference} --out-csv {output.csv}"
-        " --out-html {output.html} 2> {log}"
+        " --reference-config {input.reference} --gpu {params.gpu}"
+        " --out-csv {output.csv} --out-html {output.html} 2> {log}"
 
 
 # Last: every other job's benchmark file exists once its outputs do.

@@ -1,4 +1,4 @@
-# One SAE per (site, layer), one job each (on Slurm too: no job arrays, see the DESIGN). Exit 75 =
+# One SAE per (site, layer), one job each (on Slurm too: no job arrays, docs/design.md). Exit 75 =
 # checkpointed on SIGTERM: the retry (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets
 # more walltime. Code: src/circuitflow/sae/ (stage.py writes the outputs).
 

@@ -1,47 +1,47 @@
-"""The `attribution:` config section (defaults: the schema's, checked by tests/attribution)."""
+"""The `attribution:` config section (defaults: the schema's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from circuitflow.errors import ConfigError
+from circuitflow.attribution import methods
+from circuitflow.schema import schema_defaults, typed
 
-METHODS = ("atp", "ig")
+_D = schema_defaults("attribution")
 
 
 @dataclass(frozen=True)
 class AttributionConfig:
     """The `attribution:` config section (see workflow/schemas/config.schema.yaml)."""
 
-    method: str = "ig"  # fast method for every node: atp | ig
-    ig_steps: int = 10
-    validation_prompts: int = 32  # prompts exact patching and edges run on
-    validation_heads: int = 24  # heads patched exactly (top by |fast score|)
-    validation_features: int = 48  # features patched exactly, over every SAE
-    batch_size: int = 64
-    max_prompts: int | None = None
-    spearman_threshold: float = 0.8
-    validation_edges: int = 24  # top edges by |weight| also patched exactly (edge_validation)
-    node_threshold: float = 0.8  # cumulative |score| share of nodes kept in the graph
-    edge_threshold: float = 0.98  # cumulative |weight| share of edges kept
-    max_graph_nodes: int = 40
-    bridge_features: int = 3  # per SAE the kept nodes' paths cross with none of its nodes kept
-    edges: str = "adjacent"  # adjacent (same and previous layer) | all (every earlier node)
-    context_features: int = 8  # top features per SAE that get activating contexts
-    n_contexts: int = 8
-    context_window: int = 8
-    context_max_tokens: int = 262144
-    top_features_plot: int = 10
+    method: str = _D["method"]  # fast method for every node: a name in methods.REGISTRY
+    ig_steps: int = _D["ig_steps"]
+    validation_prompts: int = _D["validation_prompts"]  # prompts exact patching and edges run on
+    validation_heads: int = _D["validation_heads"]  # heads patched exactly (top by |fast score|)
+    validation_features: int = _D["validation_features"]  # features patched exactly, every SAE
+    batch_size: int = _D["batch_size"]
+    max_prompts: int | None = _D["max_prompts"]
+    spearman_threshold: float = _D["spearman_threshold"]
+    validation_edges: int = _D["validation_edges"]  # top edges by |weight| also patched exactly
+    node_threshold: float = _D["node_threshold"]  # cumulative |score| share of nodes kept
+    edge_threshold: float = _D["edge_threshold"]  # cumulative |weight| share of edges kept
+    max_graph_nodes: int = _D["max_graph_nodes"]
+    bridge_features: int = _D["bridge_features"]  # per SAE the kept paths cross, none kept
+    edges: str = _D["edges"]  # adjacent (same and previous layer) | all (every earlier node)
+    context_features: int = _D["context_features"]  # top features per SAE given contexts
+    n_contexts: int = _D["n_contexts"]
+    context_window: int = _D["context_window"]
+    context_max_tokens: int = _D["context_max_tokens"]
+    top_features_plot: int = _D["top_features_plot"]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> AttributionConfig:
-        d = dict(d or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"attribution: unknown keys {sorted(unknown)}")
-        cfg = cls(**d)
-        if cfg.method not in METHODS:
-            raise ConfigError(f"attribution.method: {cfg.method!r}; allowed values: atp, ig")
-        return cfg
+        """From an `attribution` section, whole or partial (the schema checks it)."""
+        return typed(cls, d, "attribution")
+
+    @property
+    def method_record(self) -> methods.Method:
+        """The registry record of `method` (attribution/methods): what scores, edges and the
+        pass counts run and charge."""
+        return methods.get(self.method)

@@ -7,11 +7,11 @@ set to its corrupted value, and the cut model recomputes what d's direct inputs 
 a_d(u corrupted), exactly: one forward of the cut model per upstream node serves every d. The
 step from d to the metric is linear:
     w(u -> d) = sum over positions of g_d . (a_d,clean - a_d(u corrupted)),
-with g_d = dm/da_d, the total gradient, on the clean run (`method: atp`) or averaged along the
-activation path of integrated gradients (`ig`). A hybrid: the step from u to d is exact because it
-is where a linearisation goes wrong most (an attention pattern that moves, a feature that
-switches off), and it costs one forward per upstream node, where a Jacobian needs one backward
-per downstream node.
+with g_d = dm/da_d, the total gradient, by the method's `edge_gradients` (methods/): on the
+clean run (`method: atp`) or averaged along the activation path of integrated gradients (`ig`).
+A hybrid: the step from u to d is exact because it is where a linearisation goes wrong most (an
+attention pattern that moves, a feature that switches off), and it costs one forward per
+upstream node, where a Jacobian needs one backward per downstream node.
 w(u -> logit) is exact: the cut run's drop in the metric. A pair where d does not move when u
 does, on any prompt, has no direct path (an SAE sits between them, whose features and error are
 leaves of the cut model, or u never moves) and carries no edge: listed with weight 0, such pairs
@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.scores import FINAL, node_patch, path_gradients, spearman
+from circuitflow.attribution.scores import node_patch, spearman
 from circuitflow.attribution.splice import Batch, Spliced, iter_batches, logit_diff
 from circuitflow.nodes import Node
 
@@ -147,26 +147,6 @@ def clean_run(sp: Spliced, batch: Batch) -> tuple[dict[str, torch.Tensor], torch
     return acts, logit_diff(run.logits, batch.answer, batch.distractor)
 
 
-def node_gradients(
-    sp: Spliced, batch: Batch, keys: list[str], corr: dict, cfg: AttributionConfig
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-    """(dm/da of each key's tensor, total through every path, every node's clean activation,
-    the clean metric). The gradient is the configured method's: on the clean run (atp, whose
-    forward gives the clean values too) or averaged along integrated gradients' activation
-    path (ig, after a clean forward; scores.path_gradients)."""
-    if cfg.method == "atp":
-        with torch.enable_grad():
-            run = sp.run(batch.clean)
-            metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            grads = sp.grad(metric.sum(), [run.acts[k] for k in keys], len(metric))
-        clean = {k: v.detach() for k, v in run.acts.items()}
-        return dict(zip(keys, (g.detach() for g in grads), strict=True)), clean, metric.detach()
-    clean, base = clean_run(sp, batch)
-    grads = path_gradients(sp, batch, keys, clean, corr, cfg.ig_steps)
-    grads.pop(FINAL)
-    return grads, clean, base
-
-
 @torch.no_grad()
 def direct_changes(sp: Spliced, batch: Batch, clean: dict, corr: dict, u: dict):
     """The model cut at every node, every node clean but `u` corrupted: what each node
@@ -186,8 +166,8 @@ def compute_edges(
     averaged over prompts: w(u -> d) = g_d . (a_d - a_d(u corrupted)) summed over positions,
     with a_d(u corrupted) computed exactly in the cut model (one forward per upstream node),
     so the step from u to d keeps its non-linearities (an attention pattern that moves), and
-    g_d = dm/da_d by the configured method; w(u -> logit) is exact. Pairs where d moved on no
-    prompt (no direct path) are left out."""
+    g_d = dm/da_d by the configured method's `edge_gradients`; w(u -> logit) is exact. Pairs
+    where d moved on no prompt (no direct path) are left out."""
     device = next(sp.model.parameters()).device
     recs = nodes.to_dict("records")
     pairs = edge_pairs(nodes, cfg.edges)
@@ -197,10 +177,11 @@ def compute_edges(
     sums = dict.fromkeys(pairs, 0.0)
     reached: set[tuple[int, int | None]] = set()  # pairs where d moved on some prompt
     keys = sorted({r["key"] for r in recs})
+    edge_gradients = cfg.method_record.edge_gradients
     n = 0
     for batch in iter_batches(prompts, cfg.batch_size, device):
         corr = sp.acts(batch.corrupted)
-        grads, clean, base = node_gradients(sp, batch, keys, corr, cfg)
+        grads, clean, base = edge_gradients(sp, batch, keys, corr, cfg)
         for i, downs in by_up.items():
             cut = direct_changes(sp, batch, clean, corr, recs[i])
             for j in downs:

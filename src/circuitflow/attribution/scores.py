@@ -6,18 +6,19 @@ SAE feature plus the SAE's error term at each trained (site, layer). A node's sc
 of patching it from the corrupted run into the clean run, signed so that positive means the node
 supports the answer:  score = m(clean) - m(clean with node <- corrupted), averaged over prompts.
 
-Methods (every node of every layer from the same passes):
-* `atp` (attribution patching): g . (a_clean - a_corrupted), g = dm/da on the clean run; one
-  forward/backward per batch.
-* `ig` (integrated gradients along the activation path, IG-activations of Marks et al. 2024
-  and Hanna et al. 2024): every node moves from its clean to its corrupted value on a straight
-  line in `ig_steps` steps (midpoints); each node's gradient, taken with every node at the same
-  point of its line, is averaged along the way and dotted with its (a_clean - a_corrupted); one
-  forward/backward per step for all nodes. Along the input path instead (the embedding moved,
-  the rest recomputed), a TopK feature's activation jumps rather than moves, and heads whose
-  effects are ANDed take each other's share: on the embedded induction circuit the
-  previous-token head scored -1.0 against an exact 6.6, and head and feature rank agreement with
-  exact patching were 0.53 and 0.29 (0.91 and 0.68 along activations, at the same cost).
+Methods (every node of every layer from the same passes): the fast ones are records of the
+registry in `methods/` (`attribution.method`), which this module runs by their `score_batch`
+after the corrupted forward they share:
+* `atp` (attribution patching, methods/atp.py): g . (a_clean - a_corrupted), g = dm/da on the
+  clean run; one forward/backward per batch.
+* `ig` (integrated gradients along the activation path, methods/ig.py): every node moves from
+  its clean to its corrupted value in `ig_steps` steps, its gradient averaged along the way and
+  dotted with (a_clean - a_corrupted); one forward/backward per step for all nodes. Along the
+  input path instead (the embedding moved, the rest recomputed), a TopK feature's activation
+  jumps rather than moves, and heads whose effects are ANDed take each other's share: on the
+  embedded induction circuit the previous-token head scored -1.0 against an exact 6.6, and head
+  and feature rank agreement with exact patching were 0.53 and 0.29 (0.91 and 0.68 along
+  activations, at the same cost).
 * Both fast methods take each node's direct effect (its write into the last residual, read
   through the final norm) exactly and estimate only the paths through later layers
   (direct.py): a gradient misjudges the final norm when a node writes much of the residual.
@@ -25,7 +26,7 @@ Methods (every node of every layer from the same passes):
   validated against, kind by kind.
 
 Every score is a mean over all prompts (`score_*`) and over the selection half
-(`score_*_selection`, prompts.selection_half), which interventions ranks circuits by, so the
+(`score_*_selection`, batching.selection_half), which interventions ranks circuits by, so the
 held-out half stays unseen. The fast method's mean over the validation prompts, where exact
 patching runs, is `score_<method>_validation`: `validation` compares like with like (on the
 embedded default, scores averaged over all 256 prompts against exact ones over 32 differed by
@@ -46,88 +47,19 @@ import pandas as pd
 import torch
 
 from circuitflow import memory
-from circuitflow.attribution import direct
 from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.plan import estimate_attribution
 from circuitflow.attribution.splice import (
     Batch,
     HookGroup,
     Patch,
     Spliced,
     logit_diff,
-    reduce_nodes,
     run_batches,
 )
-from circuitflow.prompts import selection_half
+from circuitflow.batching import selection_half
 
 log = logging.getLogger(__name__)
-FINAL = "final"  # path_gradients' key for the final residual's gradient
-
-
-def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], exact_direct: bool = True):
-    """Attribution patching on one batch: per key, per-prompt node scores [b, n]; also the clean
-    metric [b] and the clean activations (detached). `exact_direct`: each node's direct part
-    computed exactly (direct.py) instead of linearly."""
-    with torch.enable_grad():
-        run = sp.run(batch.clean)
-        metric = logit_diff(run.logits, batch.answer, batch.distractor)
-        keys = list(run.acts)
-        inputs = [run.acts[k] for k in keys] + [run.final]
-        *grads, g_final = sp.grad(metric.sum(), inputs, len(metric), allow_unused=True)
-    clean = {k: v.detach() for k, v in run.acts.items()}
-    group_of = sp.group_of
-    out = {}
-    for k, grad in zip(keys, grads, strict=True):
-        grad = torch.zeros_like(clean[k]) if grad is None else grad
-        out[k] = reduce_nodes(k, group_of[k], (grad * (clean[k] - corr[k])).float()).detach()
-    if exact_direct:
-        out = direct.with_exact_direct(sp, batch, out, clean, corr, run.final.detach(), g_final)
-    return out, metric.detach(), clean
-
-
-def interpolate(clean: torch.Tensor, corr: torch.Tensor, alpha: float) -> Patch:
-    """A patch that sets a node tensor to clean + alpha (corrupted - clean). The value is
-    replaced but the gradient passes through as through the identity, so each node's gradient
-    is the one at the point where every node sits on its line."""
-
-    def patch(act: torch.Tensor) -> torch.Tensor:
-        return act + (clean + alpha * (corr - clean) - act).detach()
-
-    return patch
-
-
-def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, steps: int):
-    """dm/da for each of `keys`, averaged over `steps` midpoints of the activation path (every
-    node of every layer on its clean-to-corrupted line, one forward and backward per step); under
-    the key `FINAL`, the same for the final residual (Run.final)."""
-    total = {k: torch.zeros_like(clean[k]) for k in keys}
-    for i in range(steps):
-        alpha = (i + 0.5) / steps
-        patches = {k: interpolate(clean[k], corr[k], alpha) for k in clean}
-        with torch.enable_grad():
-            run = sp.run(batch.clean, patches)
-            metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            inputs = [run.acts[k] for k in keys] + [run.final]
-            grads = sp.grad(metric.sum(), inputs, len(metric), allow_unused=True)
-        for k, grad in zip([*keys, FINAL], grads, strict=True):
-            if grad is not None:
-                total[k] = total.get(k, 0) + grad.detach()
-    return {k: v / steps for k, v in total.items()}
-
-
-def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_direct: bool = True):
-    """Integrated gradients along the activation path: per key, per-prompt node scores [b, n];
-    one forward and backward per step for every node of every layer. `final`: the clean final
-    residual; `exact_direct`: each node's direct part computed exactly (direct.py)."""
-    grads = path_gradients(sp, batch, list(clean), clean, corr, steps)
-    g_final = grads.pop(FINAL)
-    group_of = sp.group_of
-    out = {
-        k: reduce_nodes(k, group_of[k], (g * (clean[k] - corr[k])).float())
-        for k, g in grads.items()
-    }
-    if exact_direct:
-        out = direct.with_exact_direct(sp, batch, out, clean, corr, final, g_final)
-    return out
 
 
 def node_patch(key: str, group: HookGroup, index: int, value: torch.Tensor) -> Patch:
@@ -245,7 +177,7 @@ def activation_change(sp: Spliced, clean: dict, corr: dict) -> dict[str, torch.T
     return out
 
 
-def attribute(
+def score_nodes(
     model,
     prompts: pd.DataFrame,
     saes: dict[str, Any],
@@ -255,6 +187,7 @@ def attribute(
     """Score every node with the fast method on every prompt, and patch a bounded set of nodes
     exactly on the validation prompts (the reference): the embedding, MLPs and error terms, the
     top `validation_heads` heads and `validation_features` features (exact_node_list)."""
+    method = cfg.method_record
     for p in model.parameters():
         p.requires_grad_(False)
     device = next(model.parameters()).device
@@ -273,18 +206,11 @@ def attribute(
         with torch.no_grad():
             run_corr = sp.run(batch.corrupted)
         corr = {k: v.detach() for k, v in run_corr.acts.items()}
-        if cfg.method == "ig":
-            with torch.no_grad():
-                run = sp.run(batch.clean)
-            clean = {k: v.detach() for k, v in run.acts.items()}
-            metric = logit_diff(run.logits, batch.answer, batch.distractor)
-            scores = ig_batch(sp, batch, clean, corr, run.final, cfg.ig_steps)
-        else:
-            scores, metric, clean = atp_batch(sp, batch, corr)
+        scores, metric, clean = method.score_batch(sp, batch, corr, cfg)
         m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
         return scores, activation_change(sp, clean, corr), metric, m_corr
 
-    with sp.counter.part(cfg.method):
+    with sp.counter.part(method.name):
         for batch, (scores, change, metric, metric_corr) in run_batches(
             prompts, backoff, device, fast_batch
         ):
@@ -486,7 +412,9 @@ def components_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- memory ---------------------------------------------------------------------------------------
-def plan_batch_size(model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig):
+def plan_attribution_batch(
+    model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig
+):
     """The memory plan's batch size (prompts), at most `cfg.batch_size`: the gradient passes hold
     every layer's activations and every SAE's features, so a batch that fits a small model can
     exceed a GPU on a real one. Batching changes no score (each is a mean over prompts).
@@ -495,7 +423,7 @@ def plan_batch_size(model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: Att
     device = str(params[0].device)
     length = max((len(t) for t in prompts["clean_tokens"]), default=1)
     d_sae = max((sae.cfg.d_sae for sae in saes.values()), default=0)
-    estimate = memory.estimate_attribution(
+    estimate = estimate_attribution(
         model.cfg, sum(p.numel() for p in params), length, len(saes), d_sae, params[0].dtype,
         device, cfg.method,
     )  # fmt: skip

@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from circuitflow.batching import by_length
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, Node, head_hook, hook_name, mlp_hook, site_layer
 from circuitflow.perf import PassCounter
-from circuitflow.prompts import by_length
 
 __all__ = ["logit_diff"]
 

@@ -32,7 +32,7 @@ def plan(
     model, prompts: pd.DataFrame, saes: dict[str, Any], cfg: AttributionConfig, behaviour: str
 ):
     """(`cfg` with the batch size the memory plan allows, the plan)."""
-    batch = scores.plan_batch_size(model, prompts, saes, cfg)
+    batch = scores.plan_attribution_batch(model, prompts, saes, cfg)
     if batch.batch_size < cfg.batch_size:
         log.warning(
             "%s: attribution.batch_size %d lowered by the %s",
@@ -59,7 +59,7 @@ def score(
     behaviour: str,
     bypass_bos: bool = False,
 ) -> Scored:
-    node_scores = scores.attribute(model, prompts, saes, cfg, bypass_bos)
+    node_scores = scores.score_nodes(model, prompts, saes, cfg, bypass_bos)
     validation = scores.validation(node_scores.frame, cfg.method, cfg.spearman_threshold)
     pooled = {"spearman": validation["spearman"], "passed": validation["passed_all_nodes"]}
     for kind, result in [("all nodes", pooled), *validation["by_kind"].items()]:
@@ -274,7 +274,7 @@ def run(
 
     if len(sae_dirs) != len(activation_files):
         raise ConfigError("--saes and --activations must name the same number of paths")
-    cfg = AttributionConfig.from_dict(config.get("attribution"))
+    cfg = AttributionConfig.from_dict(config["attribution"])
     prompts = read_prompts(prompts_path)
     # Pair SAEs with activation files by the hook each names, not by argument order alone.
     infos = [read_activation_info(a) for a in activation_files]

@@ -55,10 +55,6 @@ REQUIRED_ATTRS = (
 )
 
 
-def output_path(outdir: Path | str, site: str, layer: int) -> Path:
-    return Path(outdir) / "activations" / site / f"layer_{layer}.h5"
-
-
 def partial_path(path: Path | str) -> Path:
     path = Path(path)
     return path.with_name(path.name + PARTIAL_SUFFIX)

@@ -15,39 +15,23 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from circuitflow import memory
+from circuitflow.capture.config import CaptureConfig
 from circuitflow.capture.files import CHUNK_BYTES, PartialFile
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 
 log = logging.getLogger(__name__)
-STORAGE_DTYPES = ("float16", "float32")
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """The `capture` config section's run-time settings."""
-
-    dtype: str = "float16"
-    exclude_bos: bool = True
-    checkpoint_tokens: int = 65536
-    batch_size: int | None = None  # None: planned from memory
-    max_batch_size: int = 256
-    memory_fraction: float = 0.8
-
-    @classmethod
-    def from_config(cls, capture: dict) -> CaptureOptions:
-        return cls(**{k: capture[k] for k in cls.__dataclass_fields__ if k in capture})
 
 
 # --- units and shards -----------------------------------------------------------------------------
-def unit_contexts(opts: CaptureOptions, context_length: int) -> int:
+def unit_contexts(opts: CaptureConfig, context_length: int) -> int:
     """Contexts per checkpoint unit (progress is flushed after each)."""
     per_context = context_length - 1 if opts.exclude_bos else context_length
     return max(1, math.ceil(opts.checkpoint_tokens / per_context))
@@ -102,12 +86,10 @@ def plan(
     tokens: np.ndarray,
     token_meta: dict,
     layers: list[int],
-    opts: CaptureOptions,
+    opts: CaptureConfig,
     context_range: tuple[int, int] | None = None,
 ) -> CapturePlan:
     """Contexts, checkpoint units, the resume key and the memory plan's batch size."""
-    if opts.dtype not in STORAGE_DTYPES:
-        raise ValueError(f"capture.dtype: {opts.dtype!r}; allowed values: float16, float32")
     device = str(next(model.parameters()).device)
     start, stop = context_range or (0, len(tokens))
     context_length = int(tokens.shape[1])
@@ -119,7 +101,7 @@ def plan(
             "token_set_hash": token_meta["token_set_hash"],
             "contexts": [start, stop],
             "unit": unit,
-            "opts": {k: v for k, v in asdict(opts).items() if k in ("dtype", "exclude_bos")},
+            "opts": {"dtype": opts.dtype, "exclude_bos": opts.exclude_bos},
         },
         sort_keys=True,
     )
@@ -248,7 +230,7 @@ def capture_units(
 
 
 def file_attrs(
-    p: CapturePlan, token_meta: dict, opts: CaptureOptions, d_model: int, shard: tuple[int, int]
+    p: CapturePlan, token_meta: dict, opts: CaptureConfig, d_model: int, shard: tuple[int, int]
 ) -> dict:
     """The attrs every file of this job carries (site, layer and hook_name are added per file)."""
     return {
@@ -334,7 +316,7 @@ def capture(
     tokens: np.ndarray,
     token_meta: dict,
     targets: dict[tuple[str, int], Path | str],
-    opts: CaptureOptions,
+    opts: CaptureConfig,
     context_range: tuple[int, int] | None = None,
     shard: tuple[int, int] = (0, 1),
     inject_oom: Callable[[int], None] | None = None,
@@ -419,7 +401,7 @@ def run(
     from circuitflow.model.load import load_model
 
     tokens, meta = read_token_set(tokens_npy, tokens_json)
-    opts = CaptureOptions.from_config(config["capture"])
+    opts = CaptureConfig.from_dict(config["capture"])
     span = shard_range(len(tokens), unit_contexts(opts, meta["context_length"]), shard, n_shards)
     targets = {
         (site, layer): Path(out_dir) / site / f"layer_{layer}.h5"

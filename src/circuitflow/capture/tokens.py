@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from circuitflow.capture.config import CaptureConfig
 from circuitflow.errors import InputError
 from circuitflow.io import atomic_path, write_json
 
@@ -45,10 +46,10 @@ def token_set_hash(tokens: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def context_length_for(capture: dict, model_info: dict) -> int:
+def context_length_for(capture: CaptureConfig, model_info: dict) -> int:
     """`capture.context_length`, or the model's context (embedded) / min(n_ctx, 128) (real)."""
     n_ctx = int(model_info["architecture"]["n_ctx"])
-    want = capture.get("context_length")
+    want = capture.context_length
     if want is None:
         want = n_ctx if model_info["kind"] == "embedded" else min(n_ctx, REAL_MODEL_CONTEXT)
     if not 2 <= want <= n_ctx:
@@ -64,9 +65,9 @@ def n_contexts_for(n_tokens: int, context_length: int, exclude_bos: bool) -> int
     return math.ceil(n_tokens / per_context)
 
 
-def corpus_source(capture: dict, model_info: dict) -> str:
+def corpus_source(capture: CaptureConfig, model_info: dict) -> str:
     """`synthetic`, a local path, or a Hugging Face dataset name."""
-    corpus = capture.get("corpus")
+    corpus = capture.corpus
     if corpus is None:
         if model_info["kind"] == "embedded":
             return SYNTHETIC
@@ -194,26 +195,28 @@ def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str
 
 
 # --- the token set --------------------------------------------------------------------------------
-def build_token_set(capture: dict, seed: int, model_dir: Path | str) -> tuple[np.ndarray, dict]:
+def build_token_set(
+    capture: CaptureConfig, seed: int, model_dir: Path | str
+) -> tuple[np.ndarray, dict]:
     """The packed contexts for `capture` (the config section) and their description."""
     from circuitflow.model.load import load_tokenizer, read_model_json
 
     info = read_model_json(model_dir)
     context_length = context_length_for(capture, info)
-    n_contexts = n_contexts_for(capture["n_tokens"], context_length, capture["exclude_bos"])
+    n_contexts = n_contexts_for(capture.n_tokens, context_length, capture.exclude_bos)
     source = corpus_source(capture, info)
     if source == SYNTHETIC:
         tokens, bos = synthetic_contexts(info, seed, n_contexts, context_length)
     else:
         if Path(source).exists():
-            docs = local_documents(Path(source), capture["text_column"])
+            docs = local_documents(Path(source), capture.text_column)
         else:
-            docs = hub_documents(source, capture["split"], capture["text_column"])
+            docs = hub_documents(source, capture.split, capture.text_column)
         tokenizer = load_tokenizer(model_dir)
         tokens, bos = pack(docs, tokenizer, n_contexts, context_length, source)
     meta = {
         "source": source,
-        "split": capture["split"] if is_hub_dataset(source) else None,
+        "split": capture.split if is_hub_dataset(source) else None,
         "n_contexts": n_contexts,
         "context_length": context_length,
         "bos_token_id": bos,
@@ -250,9 +253,10 @@ def run(config: dict, model_json: Path | str, out_npy: Path | str, out_json: Pat
     """The stage: build the token set for `config` (seed, model, capture) and write it."""
     import os
 
-    if config["model"].get("hf_cache"):
+    if config["model"]["hf_cache"]:
         os.environ["HF_HOME"] = str(Path(config["model"]["hf_cache"]).expanduser())
-    tokens, meta = build_token_set(config["capture"], config["seed"], Path(model_json).parent)
+    capture = CaptureConfig.from_dict(config["capture"])
+    tokens, meta = build_token_set(capture, config["seed"], Path(model_json).parent)
     write_token_set(tokens, meta, out_npy, out_json)
     return meta
 

@@ -36,11 +36,11 @@ import torch
 
 from circuitflow import memory
 from circuitflow.attribution.splice import encode
+from circuitflow.batching import by_length
 from circuitflow.errors import ConfigError
 from circuitflow.model.forward import last_logits
 from circuitflow.nodes import Node, hook_name
 from circuitflow.perf import PassCounter
-from circuitflow.prompts import by_length
 
 KINDS = ("zero", "mean", "resample")
 REFERENCES = ("clean", "corrupted")

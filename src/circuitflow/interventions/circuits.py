@@ -1,7 +1,7 @@
 """Circuits: the top-n nodes by attribution, their faithfulness and completeness, random
 circuits as the control, and the smallest faithful size.
 
-The prompts are split in two (prompts.selection_half): candidates are ranked by their
+The prompts are split in two (batching.selection_half): candidates are ranked by their
 attribution score on the selection half, and the circuit size is chosen there; faithfulness and
 completeness are reported on the held-out half too (`*_heldout`), which neither choice saw.
 Random circuits have the top circuit's make-up by kind (as many heads, MLPs, features and error

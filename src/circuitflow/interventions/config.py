@@ -1,52 +1,40 @@
-"""The `interventions:` config section (defaults: the schema's, checked by tests/interventions)."""
+"""The `interventions:` config section (defaults: the schema's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from circuitflow.errors import ConfigError
+from circuitflow.schema import schema_defaults, typed
 
-CIRCUIT_NODES = ("features", "components")
+_D = schema_defaults("interventions")
 
 
 @dataclass(frozen=True)
 class InterventionsConfig:
     """The `interventions:` config section (see workflow/schemas/config.schema.yaml)."""
 
-    ablation: str = "mean"  # zero | mean | resample
-    mean_reference: str = "clean"  # clean | corrupted prompts (mean ablation)
-    batch_size: int = 64
-    runs_per_pass: int = 16  # ablated runs stacked along the batch of one forward pass
-    max_prompts: int | None = None
-    n_seeds: int = 3
-    ci_level: float = 0.95
-    circuit_sizes: list[int] | None = None  # null: every size when <= 64 nodes, else a grid
-    circuit_size: int | None = None  # null: the smallest faithful size
-    circuit_nodes: str = "features"  # features (components + SAE features + errors) | components
-    faithfulness_threshold: float = 0.8
-    n_random_circuits: int = 10
-    top_k_heads: int = 5
-    max_set_size: int = 3
-    n_random_sets: int = 10
-    n_features: int = 4
-    n_random_features: int = 4
-    steering_alphas: tuple[float, ...] = (-8.0, -4.0, -2.0, 0.0, 2.0, 4.0, 8.0)
-    top_tokens: int = 5
+    ablation: str = _D["ablation"]  # zero | mean | resample
+    mean_reference: str = _D["mean_reference"]  # clean | corrupted prompts (mean ablation)
+    batch_size: int = _D["batch_size"]
+    runs_per_pass: int = _D["runs_per_pass"]  # ablated runs stacked along one pass's batch
+    max_prompts: int | None = _D["max_prompts"]
+    n_seeds: int = _D["n_seeds"]
+    ci_level: float = _D["ci_level"]
+    circuit_sizes: list[int] | None = _D["circuit_sizes"]  # null: every size (<= 64), else a grid
+    circuit_size: int | None = _D["circuit_size"]  # null: the smallest faithful size
+    circuit_nodes: str = _D["circuit_nodes"]  # features (+ SAE features, errors) | components
+    faithfulness_threshold: float = _D["faithfulness_threshold"]
+    n_random_circuits: int = _D["n_random_circuits"]
+    top_k_heads: int = _D["top_k_heads"]
+    max_set_size: int = _D["max_set_size"]
+    n_random_sets: int = _D["n_random_sets"]
+    n_features: int = _D["n_features"]
+    n_random_features: int = _D["n_random_features"]
+    steering_alphas: tuple[float, ...] = tuple(float(a) for a in _D["steering_alphas"])
+    top_tokens: int = _D["top_tokens"]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> InterventionsConfig:
-        d = dict(d or {})
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"interventions: unknown keys {sorted(unknown)}")
-        if "steering_alphas" in d:
-            d["steering_alphas"] = tuple(float(a) for a in d["steering_alphas"])
-        if d.get("circuit_nodes", "features") not in CIRCUIT_NODES:
-            raise ConfigError(
-                f"interventions.circuit_nodes: {d['circuit_nodes']!r}; allowed values: "
-                + ", ".join(CIRCUIT_NODES)
-            )
-        if d.get("circuit_sizes") is not None:
-            d["circuit_sizes"] = [int(n) for n in d["circuit_sizes"]]
-        return cls(**d)
+        """From an `interventions` section, whole or partial (the schema checks it)."""
+        return typed(cls, d, "interventions")

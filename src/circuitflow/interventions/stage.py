@@ -52,6 +52,7 @@ from typing import Any
 
 import pandas as pd
 
+from circuitflow.batching import selection_half
 from circuitflow.interventions import circuits as circ
 from circuitflow.interventions import features as feat
 from circuitflow.interventions import flags, plots
@@ -62,7 +63,6 @@ from circuitflow.interventions.stats import Runs, seeds_for
 from circuitflow.io import save_figure, write_json, write_parquet
 from circuitflow.nodes import component_nodes, site_layer
 from circuitflow.perf import PassCounter
-from circuitflow.prompts import selection_half
 
 log = logging.getLogger(__name__)
 METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
@@ -409,7 +409,7 @@ def run(
     from circuitflow.prompts import read_prompts
     from circuitflow.sae.files import check_sae_dir
 
-    cfg = InterventionsConfig.from_dict(config.get("interventions"))
+    cfg = InterventionsConfig.from_dict(config["interventions"])
     prompts = read_prompts(prompts_path)
     # Every input checked before the model is loaded.
     graph = read_attribution(attribution_dir, required=True).graph
@@ -429,7 +429,7 @@ def run(
             cfg,
             behaviour,
             out_dir,
-            int(config.get("seed", 0)),
+            int(config["seed"]),
             bool(graph.get("bypass_bos", False)),
         )
 

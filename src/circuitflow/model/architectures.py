@@ -176,6 +176,13 @@ def from_hf_config(hf: dict):
     )
 
 
+def auto_active_heads(n_layers: int, n_heads: int) -> list[int]:
+    """The embedded model's `active_heads: auto`: two heads in layer 0 (a previous-token head and
+    one more), one in every later layer (an induction head needs one), so each planted mechanism
+    lives in one head."""
+    return [min(2, n_heads)] + [1] * (n_layers - 1)
+
+
 # --- a pipeline config's model shape, without loading the model (resources, memory) ---------
 @dataclass(frozen=True)
 class ModelShape:
@@ -218,6 +225,6 @@ def model_cfg(pipeline_config: dict):
     key = architecture_key(model["name"])
     if key:
         return config(key)
-    n_layers = model.get("n_layers") or max(pipeline_config.get("layers") or [23]) + 1
+    n_layers = model["n_layers"] or max(pipeline_config["layers"]) + 1
     hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
     return from_hf_config(hf)

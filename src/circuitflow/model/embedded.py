@@ -16,30 +16,36 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from circuitflow.config import auto_active_heads
 from circuitflow.devices import enable_fast_math, resolve_device
 from circuitflow.io import atomic_path, save_figure, sha256_file, write_json, write_text
 from circuitflow.model import load as files
+from circuitflow.model.architectures import auto_active_heads
 from circuitflow.model.language import MIN_CONTEXT, LanguageConfig, SyntheticLanguage
+from circuitflow.schema import schema_defaults, typed
 
 log = logging.getLogger(__name__)
+_TOP = schema_defaults()
+_ARCH = _TOP["embedded"]["architecture"]
+_TRAIN = _TOP["embedded"]["training"]
 
 
 @dataclass(frozen=True)
 class ArchitectureConfig:
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    d_head: int = 16
-    d_mlp: int = 256
-    n_ctx: int = 32
+    """`embedded.architecture` (defaults: the schema's)."""
+
+    n_layers: int = _ARCH["n_layers"]
+    d_model: int = _ARCH["d_model"]
+    n_heads: int = _ARCH["n_heads"]
+    d_head: int = _ARCH["d_head"]
+    d_mlp: int = _ARCH["d_mlp"]
+    n_ctx: int = _ARCH["n_ctx"]
     # Shortformer: positions enter only queries and keys, never the residual stream, so the model
     # cannot copy by position arithmetic and learns the classic previous-token + induction heads.
-    positional_embedding: str = "shortformer"
-    # Heads kept per layer after pruning (None: all; "auto": config.auto_active_heads).
+    positional_embedding: str = _ARCH["positional_embedding"]
+    # Heads kept per layer after pruning (None: all; "auto": architectures.auto_active_heads).
     # TransformerLens needs one head count for every layer; pruning the rest of a layer lets one
     # induction head carry the mechanism instead of it being smeared over redundant copies.
-    active_heads: tuple[int, ...] | str | None = "auto"
+    active_heads: tuple[int, ...] | str | None = _ARCH["active_heads"]
 
     def kept_heads(self) -> tuple[int, ...] | None:
         """Heads kept per layer, `auto` resolved."""
@@ -50,42 +56,38 @@ class ArchitectureConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    steps: int = 2500
-    batch_size: int = 64
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    compile: bool = False
-    log_every: int = 250
+    """`embedded.training` (defaults: the schema's)."""
+
+    steps: int = _TRAIN["steps"]
+    batch_size: int = _TRAIN["batch_size"]
+    lr: float = _TRAIN["lr"]
+    weight_decay: float = _TRAIN["weight_decay"]
+    warmup_fraction: float = _TRAIN["warmup_fraction"]
+    compile: bool = _TRAIN["compile"]
+    log_every: int = _TRAIN["log_every"]
     # Group lasso on each head's output weights: heads the language does not need fade out, so
     # each mechanism lives in one head (a crisp, checkable circuit) rather than spread over all.
-    head_sparsity: float = 0.0
+    head_sparsity: float = _TRAIN["head_sparsity"]
     # When to prune to `architecture.active_heads` (share of steps): late enough that induction
     # has formed with every head available, early enough for the kept heads to take over.
-    prune_at: float = 0.6
+    prune_at: float = _TRAIN["prune_at"]
 
 
 @dataclass(frozen=True)
 class EmbeddedModelConfig:
+    """The `embedded` section with the master `seed` and `device` (the language's seed too)."""
+
     language: LanguageConfig = field(default_factory=LanguageConfig)
     architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    seed: int = 0
-    device: str = "auto"
+    seed: int = _TOP["seed"]
+    device: str = _TOP["device"]
 
     @classmethod
     def from_config(cls, config: dict) -> EmbeddedModelConfig:
         """From the resolved pipeline config (`seed`, `device`, `embedded`)."""
-        emb = config["embedded"]
-        arch = emb["architecture"]
-        return cls(
-            language=LanguageConfig(**emb["language"], seed=config["seed"]),
-            architecture=ArchitectureConfig(
-                **{k: tuple(v) if isinstance(v, list) else v for k, v in arch.items()}
-            ),
-            training=TrainingConfig(**emb["training"]),
-            seed=config["seed"],
-            device=config.get("device", "auto"),
+        return typed(
+            cls, config["embedded"], "embedded", seed=config["seed"], device=config["device"]
         )
 
 

@@ -18,6 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
+from circuitflow.schema import schema_defaults
+
 BOS = "<bos>"
 UNK = "<unk>"
 SEGMENT_LENGTH = 12  # induction prompt: BOS + segment + first REPEAT_LENGTH tokens of it again
@@ -26,13 +28,18 @@ FACT_PREFIX_LENGTH = 6  # facts prompt: BOS + random filler + subject
 MIN_CONTEXT = 1 + SEGMENT_LENGTH + REPEAT_LENGTH
 
 
+_D = schema_defaults("embedded.language")
+
+
 @dataclass(frozen=True)
 class LanguageConfig:
-    n_random_tokens: int = 64
-    n_subjects: int = 24
-    n_attributes: int = 12
-    induction_share: float = 0.6
-    seed: int = 0
+    """`embedded.language` (defaults: the schema's) and the master seed it is drawn with."""
+
+    n_random_tokens: int = _D["n_random_tokens"]
+    n_subjects: int = _D["n_subjects"]
+    n_attributes: int = _D["n_attributes"]
+    induction_share: float = _D["induction_share"]
+    seed: int = schema_defaults()["seed"]
 
 
 @dataclass

@@ -210,6 +210,6 @@ def prefetch_stage(config: dict, out: Path | str) -> dict:
     from circuitflow.io import write_json
 
     model = config["model"]
-    info = prefetch(model["name"], model.get("hf_cache")) | {"dtype": model["dtype"]}
+    info = prefetch(model["name"], model["hf_cache"]) | {"dtype": model["dtype"]}
     write_json(out, info)
     return info

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -38,8 +38,10 @@ from circuitflow import perf
 from circuitflow.errors import InputError
 from circuitflow.model import architectures
 
-A100 = "A100"
-A100_PEAKS = perf.NOMINAL_PEAK_FLOPS[A100]
+if TYPE_CHECKING:
+    from circuitflow.sae.config import SAETrainConfig
+
+A100 = "A100"  # CSD3's GPU, the default target (a profile's `gpu_type` names another)
 TARGET_A100_HOURS = 10.0  # the project's aim for a full Qwen2.5-0.5B run
 
 
@@ -79,42 +81,53 @@ def _one(suite: dict, model: str, stage: str) -> dict:
     return found[0]
 
 
+def measured_on(suite: dict, gpu: str = A100) -> bool:
+    """The suite ran on a `gpu` (a key of perf.NOMINAL_PEAK_FLOPS, matched in the device name)."""
+    return suite["device"]["type"] == "cuda" and gpu.upper() in suite["device"]["name"].upper()
+
+
 def is_a100(suite: dict) -> bool:
-    return suite["device"]["type"] == "cuda" and A100 in suite["device"]["name"].upper()
+    return measured_on(suite, A100)
 
 
-def _a100_peak(dtype: str) -> float:
-    return A100_PEAKS.get(dtype, A100_PEAKS["bfloat16"])
+def _peak(gpu: str, dtype: str) -> float:
+    peaks = perf.NOMINAL_PEAK_FLOPS[gpu]
+    return peaks.get(dtype) or peaks.get("bfloat16") or peaks["float16"]
 
 
-def _seconds(rec: dict, work_flops: float, peak_a100: float, suite: dict) -> tuple[float, str]:
-    """Seconds for `work_flops` of this record's kind of work on an A100, and how we know."""
-    if is_a100(suite):
-        return work_flops / rec["achieved_flops"], "measured (A100)"
+def _seconds(rec: dict, work_flops: float, peak: float, suite: dict, gpu: str) -> tuple[float, str]:
+    """Seconds for `work_flops` of this record's kind of work on a `gpu`, and how we know."""
+    if measured_on(suite, gpu):
+        return work_flops / rec["achieved_flops"], f"measured ({gpu})"
     device = "CPU" if suite["device"]["type"] == "cpu" else suite["device"]["name"]
     share = rec["roofline_share"]
     return (
-        work_flops / (share * peak_a100),
-        f"projected: {device} roofline share {share:.0%} x A100 peak",
+        work_flops / (share * peak),
+        f"projected: {device} roofline share {share:.0%} x {gpu} peak",
     )
 
 
-def _sae_record(suite: dict, model: str, sae: dict, d_in: int) -> tuple[dict, bool]:
-    d_sae = sae.get("d_sae") or sae["expansion_factor"] * d_in
+def _sae_record(suite: dict, model: str, sae: SAETrainConfig, d_sae: int) -> tuple[dict, bool]:
     records = _records(suite, model, "sae_train")
     if not records:
         raise ValueError(f"the suite result has no sae_train figures for {model}")
     for rec in records:
-        if (rec["architecture"], rec["d_sae"], rec["k"]) == (sae["architecture"], d_sae, sae["k"]):
+        if (rec["architecture"], rec["d_sae"], rec["k"]) == (sae.architecture, d_sae, sae.k):
             return rec, True
     return max(records, key=lambda r: r["d_sae"]), False
 
 
-def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFrame:
-    """One row per stage (and a total): jobs, work, FLOPs, A100-hours and their source.
+def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A100) -> pd.DataFrame:
+    """One row per stage (and a total): jobs, work, FLOPs, hours on a `gpu` (`gpu_hours`, a key
+    of perf.NOMINAL_PEAK_FLOPS: the cluster's `gpu_type`) and their source.
 
     `--small` suite results describe 2-layer models; they are refused unless `allow_small`.
     """
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.capture.config import CaptureConfig
+    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.sae.config import SAETrainConfig
+
     if suite["mode"] == "small" and not allow_small:
         raise ValueError(
             "a --small suite result measures 2-layer stand-ins, not the real architectures; "
@@ -130,41 +143,37 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
     n_hooks = len(config["layers"]) * len(config["sites"])
     rows = []
 
-    cap = config["capture"]
-    ctx = int(cap.get("context_length") or min(arch.n_ctx, 128))
-    per_ctx = ctx - 1 if cap.get("exclude_bos", True) else ctx
-    tokens = math.ceil(cap["n_tokens"] / per_ctx) * ctx
+    cap = CaptureConfig.from_dict(config["capture"])
+    ctx = int(cap.context_length or min(arch.n_ctx, 128))
+    per_ctx = ctx - 1 if cap.exclude_bos else ctx
+    tokens = math.ceil(cap.n_tokens / per_ctx) * ctx
     rec = _one(suite, key, "capture")
     flops = perf.forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
-    s, source = _seconds(rec, tokens * flops, _a100_peak("bfloat16"), suite)
-    if not is_a100(suite):
+    s, source = _seconds(rec, tokens * flops, _peak(gpu, "bfloat16"), suite, gpu)
+    if not measured_on(suite, gpu):
         # Writing the activations cannot go faster than the disk the suite measured.
-        itemsize = 2 if cap.get("dtype", "float16") == "float16" else 4
-        stored = math.ceil(cap["n_tokens"] / per_ctx) * per_ctx * n_hooks * arch.d_model
+        itemsize = 2 if cap.dtype == "float16" else 4
+        stored = math.ceil(cap.n_tokens / per_ctx) * per_ctx * n_hooks * arch.d_model
         write_s = stored * itemsize / suite["disk_write_bytes_per_s"]
         if write_s > s:
             s = write_s
             source = f"disk bound: {stored * itemsize / 1e9:,.0f} GB at the suite's disk speed"
     rows.append(_row("capture", 1, tokens, "tokens", tokens * flops, s, source))
 
-    sae = config["sae"]
-    d_sae = sae.get("d_sae") or sae["expansion_factor"] * arch.d_model
-    rec, exact = _sae_record(suite, key, sae, arch.d_model)
+    sae = SAETrainConfig.from_dict(config["sae"])
+    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
+    rec, exact = _sae_record(suite, key, sae, d_sae)
     flops = perf.sae_training_flops_per_token(arch.d_model, d_sae)
-    work = n_hooks * sae["total_tokens"]
-    s, source = _seconds(rec, work * flops, _a100_peak("float32"), suite)
+    work = n_hooks * sae.total_tokens
+    s, source = _seconds(rec, work * flops, _peak(gpu, "float32"), suite, gpu)
     if not exact:
         source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
     rows.append(_row("train_sae", n_hooks, work, "tokens", work * flops, s, source))
 
-    from circuitflow.attribution.config import AttributionConfig
-
     rec = _one(suite, key, "attribution")
-    acfg = AttributionConfig.from_dict(config.get("attribution"))
-    counts = [
-        min(b.get("n_prompts", 256), acfg.max_prompts or math.inf)
-        for b in config["behaviours"].values()
-    ]
+    acfg = AttributionConfig.from_dict(config["attribution"])
+    n_prompts = [b["n_prompts"] for b in config["behaviours"].values()]
+    counts = [min(n, acfg.max_prompts or math.inf) for n in n_prompts]
     prompts = sum(counts)
     per_behaviour = [perf.attribution_passes(arch, n_hooks, acfg, n, d_sae) for n in counts]
     passes = {
@@ -175,8 +184,8 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
     work_flops = prompts * sum(passes.values()) * per_pass
     share_model = perf.forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
     model_part = share_model / per_pass
-    peak = 1 / (model_part / _a100_peak("bfloat16") + (1 - model_part) / _a100_peak("float32"))
-    s, source = _seconds(rec, work_flops, peak, suite)
+    peak = 1 / (model_part / _peak(gpu, "bfloat16") + (1 - model_part) / _peak(gpu, "float32"))
+    s, source = _seconds(rec, work_flops, peak, suite, gpu)
     detail = ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
     source += (
         f"; {acfg.method}: {sum(passes.values()):.1f} forward-pass equivalents a prompt "
@@ -187,23 +196,20 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
 
     # Baseline and interventions: forward passes of the plain model (interventions: with every
     # SAE spliced), at the rate the suite measured for a bare forward pass.
-    from circuitflow.interventions.config import InterventionsConfig
+    from circuitflow.interventions import plan as interventions_plan
 
     plen = rec["prompt_length"]
     rec = _one(suite, key, "forward")
-    icfg = InterventionsConfig.from_dict(config.get("interventions"))
-    n_all = sum(b.get("n_prompts", 256) for b in config["behaviours"].values())
-    n_iv = sum(
-        min(b.get("n_prompts", 256), icfg.max_prompts or math.inf)
-        for b in config["behaviours"].values()
-    )
+    icfg = InterventionsConfig.from_dict(config["interventions"])
+    n_all = sum(n_prompts)
+    n_iv = sum(min(n, icfg.max_prompts or math.inf) for n in n_prompts)
     work_flops = 2 * n_all * plen * perf.forward_flops_per_token(arch, plen)
-    s, source = _seconds(rec, work_flops, _a100_peak("bfloat16"), suite)
+    s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     source += "; 2 forward passes a prompt (clean, corrupted) at the measured forward rate"
     rows.insert(0, _row("baseline", n_beh, n_all, "prompts", work_flops, s, source))
-    passes = perf.interventions_passes(arch, n_hooks, d_sae, icfg)
+    passes = interventions_plan.passes(arch, n_hooks, d_sae, icfg)
     work_flops = n_iv * sum(passes.values()) * per_pass
-    s, source = _seconds(rec, work_flops, _a100_peak("bfloat16"), suite)
+    s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
     source += (
         f"; at most {sum(passes.values()):.0f} forward passes a prompt ({detail}), every SAE "
@@ -211,14 +217,15 @@ def estimate(suite: dict, config: dict, allow_small: bool = False) -> pd.DataFra
     )
     rows.append(_row("interventions", n_beh, n_iv, "prompts", work_flops, s, source))
 
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows).assign(gpu=gpu)
     total = {
+        "gpu": gpu,
         "stage": "total",
         "jobs": int(frame["jobs"].sum()),
         "work": None,
         "unit": "",
         "pflop": frame["pflop"].sum(),
-        "a100_hours": frame["a100_hours"].sum(),
+        "gpu_hours": frame["gpu_hours"].sum(),
         "source": "job start-up (imports, loading the model) not included",
     }
     return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
@@ -231,23 +238,25 @@ def _row(stage, jobs, work, unit, flops, seconds, source) -> dict[str, Any]:
         "work": int(work),
         "unit": unit,
         "pflop": flops / 1e15,
-        "a100_hours": seconds / 3600,
+        "gpu_hours": seconds / 3600,
         "source": source,
     }
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """The estimate as the Markdown table the README shows."""
-    lines = ["| stage | jobs | work | A100-hours | how |", "| --- | ---: | ---: | ---: | --- |"]
+    """The estimate as the Markdown table docs/csd3.md shows."""
+    gpu = frame["gpu"].iloc[0]
+    lines = [f"| stage | jobs | work | {gpu}-hours | how |", "| --- | ---: | ---: | ---: | --- |"]
     for r in frame.itertuples():
         work = f"{int(r.work):,} {r.unit}" if r.work is not None and r.work == r.work else ""
-        lines.append(f"| {r.stage} | {r.jobs} | {work} | {r.a100_hours:.2f} | {r.source} |")
+        lines.append(f"| {r.stage} | {r.jobs} | {work} | {r.gpu_hours:.2f} | {r.source} |")
     return "\n".join(lines)
 
 
-def describe(suite: dict) -> str:
+def describe(suite: dict, gpu: str = A100) -> str:
     d = suite["device"]
-    kind = "measured on an A100" if is_a100(suite) else "projected to an A100 (not measured)"
+    measured = measured_on(suite, gpu)
+    kind = f"measured on an {gpu}" if measured else f"projected to an {gpu} (not measured)"
     return (
         f"from the GPU suite run on {d['name']} ({d['type']}, {suite['mode']}, "
         f"{suite['created']}): {kind}"
@@ -265,18 +274,20 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(
         prog="python -m circuitflow.report.gpu_hours",
-        description="A100-hours of a full run from a GPU suite result (benchmarks/gpu_suite.py).",
+        description="GPU-hours of a full run from a GPU suite result (benchmarks/gpu_suite.py).",
     )
+    p.add_argument("--gpu", default=A100, choices=sorted(perf.NOMINAL_PEAK_FLOPS),
+                   help="the GPU the hours are for (a profile's gpu_type)")  # fmt: skip
     p.add_argument("suite", help="benchmarks/results/<device>.json")
     p.add_argument("--config", default="config/qwen2.5-0.5b.yaml", help="the run's config file")
     p.add_argument("--markdown", action="store_true", help="the README's table")
     args = p.parse_args(argv)
     suite = load_suite(args.suite)
-    frame = estimate(suite, load_config(args.config))
+    frame = estimate(suite, load_config(args.config), gpu=args.gpu)
     if args.markdown:
         print(markdown(frame))
         return
-    print(f"{args.config}: {describe(suite)}")
+    print(f"{args.config}: {describe(suite, args.gpu)}")
     with pd.option_context("display.max_colwidth", 200, "display.width", 250):
         print(frame.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 

@@ -92,7 +92,7 @@ def job_costs(
         job = "/".join(rel.parts[1:]) or rule
         numbers = read_benchmark(path)
         layer = re.search(r"layer_(\d+)", job)
-        site = next((s for s in config.get("sites", []) if job.startswith(f"{s}_")), None)
+        site = next((s for s in config["sites"] if job.startswith(f"{s}_")), None)
         behaviour = job if job in behaviours else None
         gpus = resources.gpus(config, rule) if gpu_seen else 0
         layer = int(layer.group(1)) if layer else None

@@ -73,27 +73,35 @@ def provenance(provenance_dir, out_html) -> None:
 
 
 def gpu_hours(
-    suite_paths, run_config: dict, reference_config: Path | str, out_csv, out_html
+    suite_paths,
+    run_config: dict,
+    reference_config: Path | str,
+    out_csv,
+    out_html,
+    gpu: str = "A100",
 ) -> None:
+    """GPU-hours of this run and of the CSD3 reference run on a `gpu` (the cluster's
+    `gpu_type`), from every GPU suite result."""
     from circuitflow import config as cf_config
     from circuitflow.report import gpu_hours as gh
 
     reference = cf_config.load(reference_config)
     name = f"the CSD3 reference run ({Path(reference_config).name})"
-    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name)
+    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name, gpu)
     frames = []
     for path in suite_paths:
         try:
-            frame = gh.estimate(gh.load_suite(path), reference)
+            frame = gh.estimate(gh.load_suite(path), reference, gpu=gpu)
         except ValueError:
             continue
         frames.append(frame.assign(suite=Path(path).name, config=Path(reference_config).name))
     write_csv(out_csv, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
     intro = (
-        "A100-hours of a full run, stage by stage, from the rates benchmarks/gpu_suite.py "
-        "measured (benchmarks/results/*.json). A result from a GPU other than an A100, or from "
+        f"{gpu}-hours of a full run, stage by stage, from the rates benchmarks/gpu_suite.py "
+        f"measured (benchmarks/results/*.json). A result from a GPU other than an {gpu}, or from "
         "a CPU, is projected by its roofline share and says so; baseline and interventions, not "
-        "in the suite, are charged at its rate for a bare forward pass."
+        "in the suite, are charged at its rate for a bare forward pass. The GPU is the "
+        "profile's gpu_type."
     )
     write_text(out_html, rt.page("GPU-hours of a full run", sections, intro))
 
@@ -102,7 +110,7 @@ def job_costs(config: dict, outdir, environment, out_csv, out_html, out_figure) 
     """Wall time, peak memory, CPU time and GPU-hours per rule and per job, from Snakemake's
     benchmark files (benchmarks/**.tsv)."""
     env = json.loads(Path(environment).read_text())
-    gpu_seen = bool(env.get("cuda_available")) and config.get("device") != "cpu"
+    gpu_seen = bool(env.get("cuda_available")) and config["device"] != "cpu"
     frame = costs.job_costs(outdir, config, list(config["behaviours"]), gpu_seen)
     write_csv(out_csv, frame)
     gpus = env.get("gpus") or []

@@ -532,9 +532,13 @@ def suite_table(suite: dict) -> pd.DataFrame:
 
 
 def gpu_hours_sections(
-    suite_paths: list[Path | str], run_config: dict, reference: dict, reference_name: str
+    suite_paths: list[Path | str],
+    run_config: dict,
+    reference: dict,
+    reference_name: str,
+    gpu: str = "A100",
 ) -> list[tuple[str, str]]:
-    """Per suite result file: A100-hours of this run (when the suite covers its model) and of
+    """Per suite result file: hours on a `gpu` of this run (when the suite covers its model) and of
     the reference run (`reference`, the CSD3 Qwen2.5-0.5B config), then the suite's figures."""
     from circuitflow.report import gpu_hours
 
@@ -546,16 +550,16 @@ def gpu_hours_sections(
     for path in suite_paths:
         suite = gpu_hours.load_suite(path)
         name = Path(path).name
-        intro = note(html.escape(gpu_hours.describe(suite)) + ".")
+        intro = note(html.escape(gpu_hours.describe(suite, gpu)) + ".")
         configs = [(f"this run ({run_config['model']['name']})", run_config)]
         configs.append((reference_name, reference))
         for label, cfg in configs:
             try:
-                frame = gpu_hours.estimate(suite, cfg)
+                frame = gpu_hours.estimate(suite, cfg, gpu=gpu)
             except ValueError as err:
                 body = note(html.escape(str(err)))
             else:
                 body = table_html(frame)
-            sections.append((f"A100-hours of {label}, from {name}", intro + body))
+            sections.append((f"{gpu}-hours of {label}, from {name}", intro + body))
         sections.append((f"GPU suite figures ({name})", intro + table_html(suite_table(suite))))
     return sections

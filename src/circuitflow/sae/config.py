@@ -1,4 +1,4 @@
-"""The `sae:` config section as typed dataclasses (defaults: the schema's, checked by tests/sae)."""
+"""The `sae:` config section as typed dataclasses (defaults: the schema's)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
 from circuitflow.sae.sparsity import SparsityControllerConfig
+from circuitflow.schema import schema_defaults, typed
+
+_TOP = schema_defaults()
+_D = _TOP["sae"]
+_J = _D["jumprelu"]
 
 
 @dataclass
@@ -25,115 +29,59 @@ class JumpReLUConfig:
     pre-activation (the straight-through gradient is zero there, so they cannot come back alone).
     """
 
-    init_threshold: float = 0.01
-    bandwidth: float = 0.05
-    sparsity_loss_mode: Literal["step", "tanh", "quadratic"] = "quadratic"
-    pre_act_loss_coefficient: float | None = 1e-3
-    tanh_scale: float = 4.0
-    ste_to_input: bool = False
+    init_threshold: float = _J["init_threshold"]
+    bandwidth: float = _J["bandwidth"]
+    sparsity_loss_mode: Literal["step", "tanh", "quadratic"] = _J["sparsity_loss_mode"]
+    pre_act_loss_coefficient: float | None = _J["pre_act_loss_coefficient"]
+    tanh_scale: float = _J["tanh_scale"]
+    ste_to_input: bool = _J["ste_to_input"]
     # Steps without firing before a latent counts as dead for the pre-activation loss;
     # null means the trainer's dead window (sae.dead_window_tokens / sae.batch_size).
-    dead_window_steps: int | None = 20
+    dead_window_steps: int | None = _J["dead_window_steps"]
 
 
-TRAINERS = ("auto", "fast", "saelens")
+TRAINERS = ("auto", "fast", "saelens")  # the schema's enum of sae.trainer (a test checks)
 
 
 @dataclass
 class SAETrainConfig:
-    """The ``sae:`` config block (schema: workflow/schemas, key ``sae``)."""
+    """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
+    device. The schema checks every value; config.check_cross_fields the combinations."""
 
-    architecture: str = "topk"  # a key of sae.architectures.ARCHITECTURES
-    expansion_factor: int = 8
-    d_sae: int | None = None
-    k: int = 16
-    target_l0: float = 16.0
-    l1_coefficient: float = 0.05
+    architecture: str = _D["architecture"]  # a key of sae.architectures.ARCHITECTURES
+    expansion_factor: int = _D["expansion_factor"]
+    d_sae: int | None = _D["d_sae"]
+    k: int = _D["k"]
+    target_l0: float = _D["target_l0"]
+    l1_coefficient: float = _D["l1_coefficient"]
     controller: SparsityControllerConfig = field(default_factory=SparsityControllerConfig)
     jumprelu: JumpReLUConfig = field(default_factory=JumpReLUConfig)
-    lr: float = 4e-3
-    lr_warm_up_steps: int = 10
-    lr_decay_fraction: float = 0.2
-    total_tokens: int = 1_000_000
-    batch_size: int | Literal["auto"] = 1024  # auto: planned from the device's memory
-    normalize_activations: Literal["none", "expected_average_only_in"] = "expected_average_only_in"
-    shuffle_buffer_tokens: int = 262_144
-    checkpoint_every_tokens: int = 250_000
-    dead_window_tokens: int = 200_000
-    eval_contexts: int = 64
+    lr: float = _D["lr"]
+    lr_warm_up_steps: int = _D["lr_warm_up_steps"]
+    lr_decay_fraction: float = _D["lr_decay_fraction"]
+    total_tokens: int = _D["total_tokens"]
+    batch_size: int | Literal["auto"] = _D["batch_size"]  # auto: planned from the device's memory
+    normalize_activations: Literal["none", "expected_average_only_in"] = _D["normalize_activations"]
+    shuffle_buffer_tokens: int = _D["shuffle_buffer_tokens"]
+    checkpoint_every_tokens: int = _D["checkpoint_every_tokens"]
+    dead_window_tokens: int = _D["dead_window_tokens"]
+    eval_contexts: int = _D["eval_contexts"]
     # auto: the fast sparse trainer (sae.fast) where the architecture has one, else SAELens's.
-    trainer: Literal["auto", "fast", "saelens"] = "auto"
-    autocast: bool = False
-    compile: bool = False
-    device: str = "auto"
-    seed: int = 0
+    trainer: Literal["auto", "fast", "saelens"] = _D["trainer"]
+    autocast: bool = _D["autocast"]
+    compile: bool = _D["compile"]
+    device: str = _TOP["device"]
+    seed: int = _TOP["seed"]
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> SAETrainConfig:
         """From the pipeline's config: the `sae` section with the master `seed` and `device`."""
-        return cls.from_dict(
-            {**config["sae"], "device": config.get("device", "auto"), "seed": config.get("seed", 0)}
-        )
+        return cls.from_dict(config["sae"], device=config["device"], seed=config["seed"])
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SAETrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"sae: unknown key(s) {unknown}")
-        d = dict(d)
-        ctrl = d.pop("controller", None) or {}
-        cnames = {f.name for f in dataclasses.fields(SparsityControllerConfig)}
-        bad = sorted(set(ctrl) - cnames)
-        if bad:
-            raise ConfigError(f"sae.controller: unknown key(s) {bad}")
-        jr = d.pop("jumprelu", None) or {}
-        jnames = {f.name for f in dataclasses.fields(JumpReLUConfig)}
-        bad = sorted(set(jr) - jnames)
-        if bad:
-            raise ConfigError(f"sae.jumprelu: unknown key(s) {bad}")
-        cfg = cls(**d, controller=SparsityControllerConfig(**ctrl), jumprelu=JumpReLUConfig(**jr))
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        architectures.get(self.architecture)  # ConfigError naming the allowed values
-        positive = (
-            "expansion_factor",
-            "k",
-            "target_l0",
-            "lr",
-            "total_tokens",
-            "batch_size",
-            "checkpoint_every_tokens",
-            "dead_window_tokens",
-            "eval_contexts",
-        )
-        if self.batch_size != "auto" and (
-            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
-        ):
-            raise ConfigError(
-                f"sae.batch_size: must be a positive integer or 'auto', got {self.batch_size!r}"
-            )
-        for key in positive:
-            if key == "batch_size" and self.batch_size == "auto":
-                continue
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"sae.{key}: must be positive, got {getattr(self, key)!r}")
-        if self.batch_size != "auto" and self.total_tokens < self.batch_size:
-            raise ConfigError("sae.total_tokens: must be at least sae.batch_size")
-        if not 0 <= self.lr_decay_fraction < 1:
-            raise ConfigError("sae.lr_decay_fraction: must be in [0, 1)")
-        if self.trainer not in TRAINERS:
-            raise ConfigError(
-                f"sae.trainer: {self.trainer!r}; allowed values: {', '.join(TRAINERS)}"
-            )
-        if self.trainer == "fast" and not architectures.get(self.architecture).sparse_trainer:
-            fast = [k for k, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
-            raise ConfigError(
-                f"sae.trainer: fast trains {', '.join(fast)} only, not {self.architecture}; "
-                "use auto or saelens"
-            )
+    def from_dict(cls, d: dict[str, Any] | None, **extra: Any) -> SAETrainConfig:
+        """From an `sae` section, whole or partial (`extra`: `device`, `seed`)."""
+        return typed(cls, d, "sae", **extra)
 
     def uses_fast_trainer(self) -> bool:
         """Whether sae.fast's sparse trainer trains this SAE (else SAELens's trainer)."""

@@ -12,22 +12,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from circuitflow.schema import schema_defaults
+
+_D = schema_defaults("sae.controller")
+
 
 @dataclass
 class SparsityControllerConfig:
-    """Gains and limits of the PI controller (see ``sae.controller`` in the config)."""
+    """Gains and limits of the PI controller (``sae.controller``; defaults: the schema's)."""
 
-    kp: float = 0.5
-    ki: float = 0.1
+    kp: float = _D["kp"]
+    ki: float = _D["ki"]
     # Steps between coefficient updates; L0 is smoothed every step regardless.
-    update_every: int = 5
+    update_every: int = _D["update_every"]
     # EMA weight of the newest L0 observation.
-    ema: float = 0.1
-    coef_min: float = 1e-5
-    coef_max: float = 100.0
+    ema: float = _D["ema"]
+    coef_min: float = _D["coef_min"]
+    coef_max: float = _D["coef_max"]
     # Clip on |log error|: the first L0 (all latents half on) is far off, and integrating that
     # drives the coefficient past equilibrium before the slow L0 response catches up.
-    max_error: float = 0.5
+    max_error: float = _D["max_error"]
 
 
 @dataclass

@@ -29,6 +29,7 @@ from circuitflow.io import atomic_dir, write_json
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
+from circuitflow.sae import plan as sae_plan
 from circuitflow.sae.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -64,7 +65,7 @@ def memory_estimate(
 ) -> memory.Estimate:
     """The memory planner's estimate of this training run per batch row; `resident` is what
     already sits on the device for the run (the model, kept for the spliced evaluation)."""
-    return memory.estimate_sae_training(
+    return sae_plan.estimate_sae_training(
         info.d_in,
         cfg.d_sae or cfg.expansion_factor * info.d_in,
         cfg.architecture,
@@ -77,15 +78,15 @@ def memory_estimate(
     )
 
 
-def plan_batch_size(
+def plan_auto_batch(
     cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model: Any = None
 ) -> memory.BatchPlan:
-    """`sae.batch_size: auto`: the largest power of two up to memory.SAE_AUTO_MAX_BATCH (and
+    """`sae.batch_size: auto`: the largest power of two up to sae_plan.SAE_AUTO_MAX_BATCH (and
     total_tokens) whose estimated peak fits in 80% of the device's memory."""
     resident = param_bytes(model) if model is not None else 0
     plan = memory.plan_batch_size(
         memory_estimate(cfg, info, device, resident),
-        min(memory.SAE_AUTO_MAX_BATCH, cfg.total_tokens),
+        min(sae_plan.SAE_AUTO_MAX_BATCH, cfg.total_tokens),
         available=memory.available_bytes(device) + resident,  # the model is loaded already
     )
     log.info("sae.batch_size auto: %s", plan.describe())
@@ -121,7 +122,7 @@ def plan(
     this device fits; `auto` is planned from memory."""
     if cfg.batch_size != "auto":
         return cfg
-    batch = (state or {}).get("batch_size") or plan_batch_size(cfg, info, device, model).batch_size
+    batch = (state or {}).get("batch_size") or plan_auto_batch(cfg, info, device, model).batch_size
     return dataclasses.replace(cfg, batch_size=int(batch))
 
 

@@ -1,0 +1,91 @@
+"""The capture stage's job plans (rules capture_tokens, capture, capture_shard, merge_capture):
+host memory and counted work from the config, for circuitflow.resources (the rule table)."""
+
+from __future__ import annotations
+
+import math
+
+from circuitflow.memory import (
+    MiB,
+    dtype_bytes,
+    estimate_forward,
+    load_bytes,
+    model_dtype,
+    n_hooks,
+)
+from circuitflow.model import architectures
+from circuitflow.perf import Work, forward_flops_per_token
+
+# Tokenising the corpus (capture_tokens): a fast tokenizer does ~1M tokens/s a core.
+TOKENIZE_TOKENS_PER_S = 1e5
+# The capture writer's cache per captured hook (files.ActivationWriter's chunk cache).
+WRITE_BUFFER_BYTES = 8 * MiB
+
+
+def context_length(config: dict, model_cfg) -> int:
+    """Tokens of a capture context, BOS included: `capture.context_length`, else the model's
+    context (a real model's at most 128)."""
+    real = config["model"]["name"] != "embedded"
+    n_ctx = getattr(model_cfg, "n_ctx", 128)
+    return config["capture"]["context_length"] or (min(n_ctx, 128) if real else n_ctx)
+
+
+def contexts(config: dict, model_cfg) -> tuple[int, int, int]:
+    """(context length, rows stored a context, contexts) of the capture: `capture.n_tokens`
+    rows, BOS left out of each context unless `capture.exclude_bos` is false."""
+    t = context_length(config, model_cfg)
+    per_context = t - 1 if config["capture"]["exclude_bos"] else t
+    return t, per_context, math.ceil(config["capture"]["n_tokens"] / per_context)
+
+
+def job_bytes(config: dict, rule: str, device: str) -> int:
+    """Host bytes of a capture job's work at the config's batch size: the token set (two int64
+    copies) for capture_tokens; the forward pass with every hook's rows awaiting the write for
+    capture (estimate_forward), or a real model's load where that is more."""
+    capture = config["capture"]
+    n_rows = capture["n_tokens"]
+    if rule == "capture_tokens":
+        return 2 * 8 * n_rows
+    if rule not in ("capture", "capture_shard"):
+        return 0
+    cfg = architectures.model_cfg(config)
+    n_params = architectures.n_params(cfg)
+    hooks = n_hooks(config)
+    t = context_length(config, cfg)
+    dtype = model_dtype(config, device)
+    est = estimate_forward(
+        cfg, n_params, t, cfg.n_layers, hooks, dtype, capture["dtype"], device,
+        buffers=hooks * WRITE_BUFFER_BYTES,
+    )  # fmt: skip
+    n_contexts = -(-n_rows // (t - 1))
+    batch = min(capture["batch_size"] or capture["max_batch_size"], n_contexts)
+    real = config["model"]["name"] != "embedded"
+    return max(load_bytes(n_params) if real else 0, est.host_peak(batch))
+
+
+def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | None:
+    """capture_tokens: tokenising the contexts; capture (a shard: its share): a forward pass of
+    every context through the deepest captured layer, and every hook's rows written."""
+    cfg = architectures.model_cfg(config)
+    capture = config["capture"]
+    t, per_context, n_contexts = contexts(config, cfg)
+    if rule == "capture_tokens":
+        return Work({}, other_seconds=n_contexts * t / TOKENIZE_TOKENS_PER_S)
+    if rule not in ("capture", "capture_shard"):
+        return None
+    shards = capture["shards"] if rule == "capture_shard" else 1
+    depth = max(config["layers"]) + 1
+    flops = n_contexts * t * forward_flops_per_token(cfg, t, depth, unembed=False) / shards
+    itemsize = dtype_bytes(capture["dtype"])
+    written = n_contexts * per_context * n_hooks(config) * cfg.d_model * itemsize / shards
+    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    return Work({dtype: flops}, disk_bytes=written)
+
+
+def disk_bytes(config: dict) -> int:
+    """Bytes of the activation files (rows x (d_in in the capture dtype + an int32 token), every
+    hook) and the token set (int32 rows, and its hash's copy)."""
+    cfg = architectures.model_cfg(config)
+    rows = config["capture"]["n_tokens"]
+    row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
+    return n_hooks(config) * rows * row + 4 * 2 * rows

@@ -1,0 +1,76 @@
+"""The interventions stage's job plan (rule interventions): an upper bound on its passes, and
+the job's host memory and counted work for circuitflow.resources (the rule table)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from circuitflow.memory import (
+    estimate_forward,
+    load_bytes,
+    model_dtype,
+    n_hooks,
+    n_prompts,
+    prompt_length,
+)
+from circuitflow.model import architectures
+from circuitflow.perf import Work, attribution_forward_flops_per_prompt
+from circuitflow.sae.plan import sae_width
+
+
+def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
+    """Forward-pass equivalents per prompt of the interventions stage, an upper bound by part
+    (the parts its PassCounter names), read off interventions/: every ablated run is one forward
+    pass of every prompt. Zero and mean ablations serve every seed from one run; resample
+    ablation runs each seed. The circuit candidates are bounded by every component, every SAE
+    feature and error term (the stage takes the features that fire), so the grid of circuit
+    sizes and the bisection are bounds too. `icfg` is an InterventionsConfig."""
+    layers, heads = model_cfg.n_layers, model_cfg.n_heads
+    seeds = icfg.n_seeds if icfg.ablation == "resample" else 1
+    candidates = 1 + layers * heads + layers + n_saes * (d_sae + 1)
+    if icfg.circuit_sizes is not None:
+        grid = len(set(icfg.circuit_sizes)) + 1
+    else:
+        grid = candidates + 1 if candidates <= 64 else 24 + 3
+    bisection = math.ceil(math.log2(max(candidates, 2)))
+    random = icfg.n_random_circuits
+    # The clean run, the mean reference, each SAE's features on the clean prompts; per size the
+    # circuit and its complement (seed-averaged) and every random draw's pair; the graph's pair;
+    # the bisection's pairs and the random draws at the size it finds; everything ablated.
+    circuits = 2.0 + n_saes + seeds * (2 * grid + 2 + 2 * bisection + 1) + 2 * random * (grid + 1)
+    sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
+               for k in range(2, icfg.max_set_size + 1))  # fmt: skip
+    parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
+    chosen = icfg.n_features * (1 + icfg.n_random_features)
+    steered = icfg.n_features * 2 * sum(1 for a in icfg.steering_alphas if a)
+    parts["features"] = float(n_saes + seeds * chosen + steered)
+    return parts
+
+
+def job_bytes(config: dict, rule: str, device: str) -> int:
+    """Host bytes of an interventions job's work: `batch_size` x `runs_per_pass` sequences a
+    forward pass (float32, logits included), or a real model's load where that is more."""
+    cfg = architectures.model_cfg(config)
+    n_params = architectures.n_params(cfg)
+    iv = config["interventions"]
+    batch = int(iv["batch_size"]) * int(iv["runs_per_pass"])
+    plen = prompt_length(config, cfg)
+    est = estimate_forward(cfg, n_params, plen, None, 0, torch.float32, "float32", device)
+    real = config["model"]["name"] != "embedded"
+    return max(load_bytes(n_params) if real else 0, est.host_peak(batch))
+
+
+def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
+    """The behaviour's prompts times the bound on the runs (`passes`), each a forward pass of
+    every prompt with every SAE spliced."""
+    from circuitflow.interventions.config import InterventionsConfig
+
+    cfg = architectures.model_cfg(config)
+    icfg = InterventionsConfig.from_dict(config["interventions"])
+    hooks, d_sae = n_hooks(config), sae_width(config, cfg.d_model)
+    n = n_prompts(config, behaviour, icfg.max_prompts)
+    per_pass = attribution_forward_flops_per_prompt(cfg, prompt_length(config, cfg), hooks, d_sae)
+    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    return Work({dtype: n * sum(passes(cfg, hooks, d_sae, icfg).values()) * per_pass})

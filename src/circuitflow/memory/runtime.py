@@ -1,0 +1,62 @@
+"""A job's process before its work: the interpreter and the libraries its script imports
+(measured per kind of job), the CUDA runtime's host share on a GPU, and a real model's
+conversion copies when it loads. The rule table (circuitflow.resources) adds each job's work.
+
+Every stage script imports circuitflow.config (torch, numpy, yaml): `base`; the report and
+provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
+TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
+set after importing RUNTIME_MODULES in a fresh interpreter (`python -m circuitflow.memory
+runtime` re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
+wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20% less where
+the libraries' files have aged in the page cache (220 against 272 MiB for `base` on one
+machine: fresh files are mapped whole on first touch), so these are the upper values.
+"""
+
+from __future__ import annotations
+
+from circuitflow.memory.probes import MiB
+
+RUNTIME_MODULES = {
+    "base": ("circuitflow.config",),
+    "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    "model": ("circuitflow.config", "transformer_lens", "sae_lens", "h5py", "pandas",
+              "matplotlib.pyplot", "pyarrow.parquet"),
+    # report_gpu_hours: the report's modules and TransformerLens (the architectures' configs)
+    "architectures": ("circuitflow.config", "circuitflow.report.stage", "transformer_lens"),
+}  # fmt: skip
+RUNTIME_MB = {"base": 272, "report": 403, "model": 625, "architectures": 561}
+# A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
+# lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
+# PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
+CUDA_HOST_MB = 2048
+# Loading a real model converts the checkpoint on the host: three fp32 copies at the peak.
+LOAD_COPIES = 3
+
+
+def runtime_bytes(kind: str = "model", device: str = "cpu") -> int:
+    """Resident bytes of a job's process before its work: the interpreter and libraries of
+    `kind` (RUNTIME_MB), plus the CUDA runtime's host share on a GPU."""
+    cuda = CUDA_HOST_MB if device.startswith("cuda") else 0
+    return (RUNTIME_MB[kind] + cuda) * MiB
+
+
+def load_bytes(n_params: int) -> int:
+    """Host bytes of loading a real model of `n_params` (LOAD_COPIES fp32 copies)."""
+    return LOAD_COPIES * 4 * n_params
+
+
+def measure_runtime_bytes(kind: str) -> int:
+    """The resident set of a fresh interpreter after importing RUNTIME_MODULES[kind]."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib\n"
+        f"for m in {RUNTIME_MODULES[kind]!r}: importlib.import_module(m)\n"
+        # VmHWM read here: importing this module would add its own imports to the measure.
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    return int(done.stdout.split()[-1]) * 1024  # kB

@@ -1,0 +1,153 @@
+"""The SAE stage's memory estimate and job plan (rule train_sae): the peak of its training loop
+per row (`estimate_sae_training`, which the stage plans its batch by), and the job's host memory
+and counted work for circuitflow.resources (the rule table)."""
+
+from __future__ import annotations
+
+import torch
+
+from circuitflow.capture.files import chunk_rows_for
+from circuitflow.capture.plan import context_length
+from circuitflow.memory import Estimate, dtype_bytes, load_bytes, model_dtype
+from circuitflow.model import architectures
+from circuitflow.perf import Work, forward_flops_per_token, sae_training_flops_per_token
+
+# SAE training: tensors of width d_sae per training row alive at the step's peak (each
+# architecture's `wide_per_row` in circuitflow.sae.architectures), plus d_in-wide ones (input,
+# reconstruction, residual, grads).
+SAE_NARROW_PER_ROW = 8
+# Parameters, gradients and Adam's two moments are 4 copies of the SAE's parameters; Adam's
+# step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
+SAE_OPTIMISER_COPIES = 5.75
+SAE_AUTO_MAX_BATCH = 16384  # sae.batch_size auto: the largest power of two up to this that fits
+
+
+def sae_param_bytes(d_in: int, d_sae: int, dtype_size: int = 4) -> int:
+    return (2 * d_in * d_sae + 2 * d_sae + d_in) * dtype_size
+
+
+def estimate_sae_training(
+    d_in: int,
+    d_sae: int,
+    architecture: str,
+    device: str,
+    n_file_rows: int,
+    shuffle_buffer_rows: int,
+    chunk_rows: int = 4096,
+    storage_dtype: torch.dtype | str = "float16",
+    resident: int = 0,
+    sparse: bool = False,
+) -> Estimate:
+    """Peak memory of SAE training (the train_sae stage's loop) per training row.
+
+    Device: `resident` bytes (the model, loaded for the spliced evaluation), the SAE's fp32
+    parameters, gradients and Adam state (4 copies), and per row `wide_per_row` d_sae-wide
+    (`sparse_wide_per_row` for sae.fast's sparse trainer, `sparse`) and SAE_NARROW_PER_ROW
+    d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
+    phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
+    while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
+    it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
+    """
+    from circuitflow.sae.architectures import get
+
+    params = sae_param_bytes(d_in, d_sae)
+    arch = get(architecture)
+    wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
+    if wide is None:
+        raise ValueError(f"sae.fast cannot train {architecture}")
+    per_row = int((wide * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
+    block = max(1, min(chunk_rows, n_file_rows))
+    rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
+    group = rows * d_in * 4
+    refill = rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)  # read, permuted, widened
+    cuda = device.startswith("cuda")
+    optimiser = resident + int(SAE_OPTIMISER_COPIES * params)
+    if cuda:
+        phases = (optimiser,)
+        per_row_host = 5 * d_in * 4  # pinned batches queued by the prefetch thread
+        host = group + refill
+    else:
+        phases = (optimiser + group, resident + 4 * params + group + refill)
+        per_row_host = 0
+        host = group
+    return Estimate(
+        weights=resident + params,
+        per_context_device=per_row,
+        per_context_host=per_row_host,
+        buffers=host,
+        device=device,
+        fixed_device=3 * params,
+        other_phases=phases,
+        item="row",
+    )
+
+
+# Attribution: a forward with gradients on through every layer with the SAEs spliced, then the
+# backward. Per token and layer, TransformerLens saves for the backward the LayerNorm (RMSNorm)
+# chains of its four norm calls, q/k/v/z and the residual adds' operands (ATTRIBUTION_RESID, in
+# d_model-wide tensors), the MLP activation's inputs (_mlp_copies) and 2.5 [heads, t, t] tensors
+# (softmax output and the cleaned pattern); the attribution keeps the corrupted and clean
+# activations and their gradients. Per token overall: the embedding's chain, the final norm and
+# ATTRIBUTION_LOGITS copies of the logits (and their gradient); per spliced SAE 3.3 d_sae-wide
+# fp32 tensors (features, their gradient, the corrupted features). Fixed: the weight copies the
+# backward keeps (W_O and, in gated MLPs, W_gate, W_in and W_out per layer; W_U). Counted on CPU
+
+
+def sae_width(config: dict, d_in: int) -> int:
+    """The SAE's latents: `sae.d_sae`, else `sae.expansion_factor` x d_in."""
+    sae = config["sae"]
+    return sae["d_sae"] or sae["expansion_factor"] * d_in
+
+
+def training_batch(config: dict) -> int:
+    """Rows a training step takes: `sae.batch_size`; `auto` planned at the largest it may pick."""
+    sae = config["sae"]
+    if sae["batch_size"] == "auto":
+        return min(SAE_AUTO_MAX_BATCH, sae["total_tokens"])
+    return int(sae["batch_size"])
+
+
+def job_bytes(config: dict, rule: str, device: str) -> int:
+    """Host bytes of a train_sae job's work: the training loop at the config's batch size with
+    the model resident for the spliced evaluation (estimate_sae_training), or a real model's
+    load where that is more."""
+    cfg = architectures.model_cfg(config)
+    n_params = architectures.n_params(cfg)
+    sae, capture = config["sae"], config["capture"]
+    n_rows = capture["n_tokens"]
+    est = estimate_sae_training(
+        cfg.d_model, sae_width(config, cfg.d_model), sae["architecture"], device, n_rows,
+        sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
+        resident=n_params * dtype_bytes(model_dtype(config, device)),
+    )  # fmt: skip
+    real = config["model"]["name"] != "embedded"
+    return max(load_bytes(n_params) if real else 0, est.host_peak(training_batch(config)))
+
+
+def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
+    """`sae.total_tokens` training rows (encoder and dense decoder, forward and backward) read
+    from the activation file, and the evaluation's passes (clean, spliced, ablated) over
+    `sae.eval_contexts` contexts."""
+    cfg = architectures.model_cfg(config)
+    sae = config["sae"]
+    tokens = sae["total_tokens"]
+    t = context_length(config, cfg)
+    evaluation = 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
+    training = tokens * sae_training_flops_per_token(cfg.d_model, sae_width(config, cfg.d_model))
+    read = tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
+    return Work({"float32": training + evaluation}, disk_bytes=read)
+
+
+# Checkpoints of one SAE while it trains: its weights and Adam's two moments, and a second such
+# checkpoint while the next is written (the older one is removed after).
+SAE_CHECKPOINT_COPIES = 2 * 3
+
+
+def disk_bytes(config: dict) -> dict[str, int]:
+    """Bytes of the SAEs (fp32 parameters, every hook) and of their checkpoints while every SAE
+    trains at once."""
+    from circuitflow.memory import n_hooks
+
+    cfg = architectures.model_cfg(config)
+    weights = n_hooks(config) * sae_param_bytes(cfg.d_model, sae_width(config, cfg.d_model))
+    return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * weights}
