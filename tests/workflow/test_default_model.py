@@ -35,11 +35,11 @@ def test_default_saes_meet_the_quality_bar(default_results):
 
 
 def test_interventions_stay_within_the_planned_passes(default_results):
-    """perf.interventions_passes (what walltimes and the GPU-hours estimate charge) bounds the
+    """interventions.plan.passes (what walltimes and the GPU-hours estimate charge) bounds the
     stage's own count (perf.PassCounter) part by part, and stays within 2x of it: a walltime
     from the bound is neither short nor padded tenfold."""
     from circuitflow import config as cf_config
-    from circuitflow import perf
+    from circuitflow.interventions import plan as interventions_plan
     from circuitflow.interventions.config import InterventionsConfig
     from circuitflow.model import architectures
 
@@ -47,7 +47,7 @@ def test_interventions_stay_within_the_planned_passes(default_results):
     cfg = architectures.model_cfg(config)
     d_sae = config["sae"]["expansion_factor"] * cfg.d_model
     icfg = InterventionsConfig.from_dict(config["interventions"])
-    planned = perf.interventions_passes(cfg, len(config["layers"]), d_sae, icfg)
+    planned = interventions_plan.passes(cfg, len(config["layers"]), d_sae, icfg)
     for behaviour in ("induction", "facts"):
         summary = read_json(default_results / "interventions" / behaviour / "summary.json")
         counted = summary["forward_equivalents_by_part"]

@@ -11,7 +11,8 @@ is:
   a dry run (`-n` added); `--unlock` and `--lint` change nothing but that copy and run as they
   are; `--report` needs a finished run, so the same command is dry-run without `--report FILE`,
   which resolves its --configfile, --profile and targets against the DAG. Rule names among the
-  targets must appear in the dry run's job list. The CSD3 profile gets `CSD3_ACCOUNT`; the
+  targets must appear in the dry run's job list. The Slurm profiles get their accounts'
+  variables (`CSD3_ACCOUNT`, profiles/slurm-h100's `SLURM_PROJECT`); the
   Hugging Face cache is empty and the network is off (offline flags, a dead proxy), so the real
   models' configs must resolve offline (`model.n_layers`), as a first run on a login node does.
 - `python <script> ...` / `python -m <module> ...`: the script exists and `--help` exits 0 and
@@ -53,6 +54,7 @@ PLACEHOLDER = "PLACEHOLDER"
 DEAD_PROXY = "http://127.0.0.1:9"
 OFFLINE = {
     "CSD3_ACCOUNT": "DOCTEST-SL2",
+    "SLURM_PROJECT": "doctest",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",

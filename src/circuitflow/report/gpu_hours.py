@@ -13,8 +13,9 @@ For a resolved config whose model the suite covers (GPT-2 small, Qwen2.5-0.5B):
   their validation (on `validation_prompts` prompts) are counted in forward-pass equivalents
   (perf.attribution_passes, checked against the stage's own count by tests/attribution) and
   charged at the same rate;
-- baseline (two forward passes a prompt) and interventions (perf.interventions_passes, an upper
-  bound checked against the stage's own count by tests/interventions, every SAE spliced) at
+- baseline (two forward passes a prompt) and interventions (interventions.plan.passes, an upper
+  bound checked against the stage's own count on the default run by
+  tests/workflow/test_default_model.py, every SAE spliced) at
   the rate the suite measured for a bare forward pass.
 
 When the suite ran on an A100 the hours are measured A100-hours. Otherwise they are projected to
