@@ -15,6 +15,7 @@ import pytest
 from helpers.chromium import chromium
 from helpers.graph_page import check_page
 from helpers.spliced import tiny_spliced, write_activations
+from helpers.summaries import INDUCTION_SUMMARY
 
 from circuitflow.attribution import stage
 from circuitflow.attribution.config import AttributionConfig
@@ -261,14 +262,5 @@ def test_report_page_states_the_graph_as_a_circuit_and_the_flags(run):
     assert "found no faithful circuit size" in graph_html(run.graph, "b", circuit=none)
 
 
-INDUCTION_NUMBERS = {
-    "faithfulness_threshold": 0.8, "circuit_size": 370, "smallest_faithful_size": 370,
-    "faithfulness": 0.825, "random_faithfulness": 0.0133,
-    "completeness": 0.994, "random_completeness": 1.0067,
-    "faithfulness_heldout": 0.751, "random_faithfulness_heldout": 0.0041,
-    "completeness_heldout": 0.998, "random_completeness_heldout": 1.0013,
-    "random_faithfulness_at_smallest": 0.0133,
-    "graph_circuit": {"n": 15, "faithfulness": -0.008, "completeness": 0.998,
-                      "faithfulness_heldout": 0.00106, "completeness_heldout": 0.997},
-    "flags": None,  # computed from the numbers (flags.flags)
-}  # fmt: skip
+# Computed from the numbers (flags.flags) when the page is drawn.
+INDUCTION_NUMBERS = INDUCTION_SUMMARY | {"flags": None}
