@@ -89,3 +89,24 @@ def test_jobs_keep_the_callers_pythonpath(tmp_path):
     )
     run_snakemake({}, tmp_path / "run", "check", env={"PYTHONPATH": str(site)})
     assert "check_env.py" in marker.read_text()
+
+
+def test_jobs_see_model_hf_cache_as_their_hub_cache(tmp_path):
+    """model.hf_cache is HF_HOME from the job's first line: huggingface_hub and transformers
+    read it once, when imported, so setting it inside the stage would leave them on ~/.cache."""
+    site = tmp_path / "site"
+    site.mkdir()
+    seen = tmp_path / "seen.txt"
+    (site / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        "def record():\n"
+        "    from huggingface_hub import constants\n"
+        f"    open({str(seen)!r}, 'w').write(constants.HF_HUB_CACHE)\n"
+        # Snakemake itself runs with this PYTHONPATH too: record only the stage job.
+        "if sys.argv[0].endswith('check_env.py'):\n"
+        "    atexit.register(record)\n"
+    )
+    cache = tmp_path / "hf cache"
+    config = {"model": {"name": "embedded", "hf_cache": str(cache)}}
+    run_snakemake(config, tmp_path / "run", "check", env={"PYTHONPATH": str(site)})
+    assert seen.read_text() == str(cache / "hub")

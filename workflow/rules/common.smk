@@ -68,6 +68,11 @@ def stage(name, online=False):
     job's threads: oversubscribed OpenMP threads spin and slow every job ~10x.
     """
     offline = "" if online else "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+    # model.hf_cache must be HF_HOME before Python starts: huggingface_hub and transformers
+    # read it once, on import, and TransformerLens imports them before any stage code runs.
+    if config["model"]["hf_cache"]:
+        home = Path(config["model"]["hf_cache"]).expanduser()
+        offline = f"HF_HOME={shlex.quote(str(home))} {offline}"
     threads = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
     # ${PYTHONPATH:+:...} is safe under `set -u`; the doubled braces survive Snakemake's format.
     path = f"PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}} "
