@@ -77,6 +77,9 @@ def test_disk_check_counts_what_the_configured_run_writes(monkeypatch, tmp_path)
     from circuitflow import resources
 
     qwen = cf_config.load(REPO_ROOT / "config" / "qwen2.5-0.5b.yaml")
+    streamed = resources.disk_plan(qwen)  # the ready config streams: no activation files
+    assert streamed["activations"] < 2**32  # the token set: 300M int32 tokens and a copy
+    qwen["sae"]["source"] = "capture"  # the same run from the capture stage's files
     plan = resources.disk_plan(qwen)
     assert plan["activations"] >= 4_194_304 * 24 * 896 * 2
     usage = collections.namedtuple("usage", "total used free")

@@ -1,7 +1,8 @@
 """The memory planner against measured peaks: each stage's real work on CPU (capture with
 TransformerLens and the HDF5 writer, SAE training with the fast trainer and SAELens's,
 attribution with spliced SAEs, both real architectures at 2 layers), measured in a fresh process
-by tests/helpers/memory_probe.py, must come within 20% of the planner's estimate."""
+by tests/helpers/memory_probe.py, must come within 20% of the planner's estimate; the streaming
+SAE job (model, shuffle buffers, the group's SAEs and Adam state, refilling forward passes) too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ CASES = {
     ("sae_train", "batchtopk"),
     ("sae_train", "topk saelens"),
     ("sae_train", "standard"),
+    ("sae_stream", "gpt2-small"),  # two layers' SAEs from one stream of forward passes
     ("attribution", "gpt2-small atp"),
     ("attribution", "qwen2.5-0.5b atp"),
     ("attribution", "gpt2-small ig"),

@@ -108,8 +108,7 @@ READY = {name: REPO / "config" / f"{name}.yaml" for name in ("gpt2-small", "qwen
 SUITE = REPO / "benchmarks" / "results" / "cpu.json"
 STAGE_RULES = {
     "baseline": "baseline",
-    "capture": "capture",
-    "train_sae": "train_sae",
+    "train_sae_stream": "train_sae_stream",  # the ready configs stream (sae.source)
     "attribution": "attribution",
     "interventions": "interventions",
 }
@@ -129,24 +128,35 @@ def csd3_cluster() -> Cluster:
 def test_first_attempts_of_the_ready_configs_fit_their_work(name):
     """On the CSD3 profile no first attempt asks for more than 6 hours, and every GPU job asks
     for at least 3x the project's own projection of its time (report/gpu_hours.py, from the
-    rates the GPU suite measured: benchmarks/results/cpu.json)."""
+    rates the GPU suite measured: benchmarks/results/cpu.json); a job that resumes from its
+    checkpoints (the streaming SAE jobs, which train 300M tokens a layer) over its attempts
+    (the profile's retries)."""
     from circuitflow.report import gpu_hours
+    from circuitflow.sae import stream_groups
 
     config = cf_config.load(READY[name])
     cluster = csd3_cluster()
     assert cluster.gpu_type == "A100" and cluster.max_runtime == 2160
+    attempts = (
+        1 + yaml.safe_load((REPO / "profiles" / "csd3" / "config.yaml").read_text())["retries"]
+    )
     projected = gpu_hours.estimate(gpu_hours.load_suite(SUITE), config).set_index("stage")
     prompts = {b: spec["n_prompts"] for b, spec in config["behaviours"].items()}
+    groups = stream_groups.stream_groups(config, cluster)
     for stage, rule in STAGE_RULES.items():
         row = projected.loc[stage]
         jobs = {b: n / sum(prompts.values()) for b, n in prompts.items()}
-        if rule in ("capture", "train_sae"):
-            jobs = {None: 1 / row["jobs"]}
-        for behaviour, share in jobs.items():
-            minutes = resources.runtime(config, rule, 1, cluster, behaviour)
+        if rule == "train_sae_stream":  # the projection's share of each group: its SAEs
+            n_saes = sum(len(g.members) for g in groups)
+            jobs = {g.key: len(g.members) / n_saes for g in groups}
+        for job, share in jobs.items():
+            minutes = resources.runtime(config, rule, 1, cluster, job)
             own = row["gpu_hours"] * share * 60
-            assert minutes <= 6 * 60, (rule, behaviour, minutes)
-            assert minutes >= 3 * own, (rule, behaviour, minutes, own)
+            assert minutes <= 6 * 60, (rule, job, minutes)
+            if resources.RULES[rule].resumable:
+                minutes = sum(resources.runtime(config, rule, a, cluster, job)
+                              for a in range(1, attempts + 1))  # fmt: skip
+            assert minutes >= 3 * own, (rule, job, minutes, own)
     for rule in ("prompts", "capture_tokens", "provenance", "job_costs"):
         assert resources.runtime(config, rule, 1, cluster) <= 6 * 60
 
@@ -195,12 +205,15 @@ def test_gpus_and_cpus():
 
 def test_every_rule_of_the_workflow_is_in_the_table():
     """Each rule that asks for job resources or threads names a row of the rule table, and every
-    row is a rule the workflow has (a new rule is one line in resources.RULES)."""
+    row is a rule the workflow has (a new rule is one line in resources.RULES). A rule defined
+    once per job in a loop (`rule:` with `name: f"train_sae_stream_{group.name}"`) counts as
+    its name's fixed part, which its resources name."""
     import re
 
     text = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
-    asked = set(re.findall(r'job_(?:resources|threads)\("(\w+)"\)', text))
+    asked = set(re.findall(r'job_(?:resources|threads)\("(\w+)"', text))
     declared = set(re.findall(r"^\s*rule (\w+):", text, re.M))
+    declared |= set(re.findall(r'^\s*name:\s*f"(\w+)_\{', text, re.M))
     assert asked <= set(resources.RULES), asked - set(resources.RULES)
     assert set(resources.RULES) <= declared, set(resources.RULES) - declared
     assert set(resources.CLASSES) == {r.resource_class for r in resources.RULES.values()}

@@ -327,7 +327,7 @@ def check_cross_fields(config: dict) -> None:
             f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
             "not one training step"
         )
-    if batch != "auto" and batch > capture["n_tokens"]:
+    if batch != "auto" and sae["source"] == "capture" and batch > capture["n_tokens"]:
         raise ConfigError(
             f"sae.batch_size: {batch} exceeds the activation rows captured "
             f"(capture.n_tokens = {capture['n_tokens']})"
@@ -376,6 +376,14 @@ def resolve(
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir).absolute(), config_files, overrides)
     check_cross_fields(config)
+    from circuitflow.sae.pretrained import check_config as check_pretrained
+
+    def origin() -> Path:  # the folder a relative sae.pretrained.path resolves against
+        key = ("sae", "pretrained", "path")
+        return path_origin(key, Path(base_dir).absolute(), config_files, overrides)[0]
+
+    # sae.source pretrained: the templates, and each dictionary readable without its weights.
+    check_pretrained(config, model_dims(config).get("d_model"), origin)
     if not is_embedded(config) and not config["capture"]["corpus"]:
         raise ConfigError(
             "capture.corpus: a real model needs a corpus to capture activations from (a local "

@@ -22,6 +22,14 @@ NOMINAL_PEAK_FLOPS = {
     "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
     "T4": {"float16": 65e12, "float32": 8.1e12},
 }
+# Memory of each GPU above in bytes (the datasheet's, as nvidia-smi reports it in MiB): what the
+# memory planner fits a job's work into before the GPU is seen (sae.stream.layers_per_job auto).
+GPU_MEMORY_BYTES = {
+    "A100": 81920 * 2**20,  # A100-SXM4-80GB (CSD3 ampere)
+    "H100": 81559 * 2**20,  # H100 SXM 80GB
+    "H200": 143771 * 2**20,
+    "T4": 15360 * 2**20,
+}
 
 
 @dataclass(frozen=True)

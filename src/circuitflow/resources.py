@@ -34,6 +34,7 @@ from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
 from circuitflow.model import plan as model_plan
 from circuitflow.sae import plan as sae_plan
+from circuitflow.sae import pretrained_plan, stream_plan
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ RULES = {
     "capture_shard": Rule("gpu", "model", capture_plan, resumable=True),
     "merge_capture": Rule("cpu", "base"),
     "train_sae": Rule("gpu", "model", sae_plan, resumable=True),
+    # sae.source stream: one rule per group of sites and layers (stream_groups.stream_groups)
+    "train_sae_stream": Rule("gpu", "model", stream_plan, resumable=True),
+    "prefetch_saes": Rule("cpu", "model", pretrained_plan),  # a localrule: the login node
+    "pretrained_sae": Rule("gpu", "model", pretrained_plan),
     "attribution": Rule("gpu", "model", attribution_plan),
     "interventions": Rule("gpu", "model", interventions_plan),
     "interventions_across": Rule("light", "report"),
@@ -132,27 +137,32 @@ def threads(config: dict, rule: str, cluster: Cluster | None = None) -> int:
     return min(n, (cluster or Cluster()).cpus_per_gpu * max(1, n_gpus))
 
 
-def job_peak_bytes(config: dict, rule: str, device_name: str = "cpu") -> int:
+def job_peak_bytes(
+    config: dict, rule: str, device_name: str = "cpu", job: str | None = None
+) -> int:
     """A job's planned peak resident memory on the host (what mem_mb asks Slurm for, less its
     headroom): its process's runtime (what it imports, the CUDA runtime on a GPU) plus its work
     (its plan module's job_bytes: the host's share on a GPU). tests/test_memory_accuracy.py
-    checks every default-DAG job against its measured max_rss."""
+    checks every default-DAG job against its measured max_rss. `job`: which of the rule's jobs,
+    where they differ (train_sae_stream: its group's key)."""
     entry = rule_of(rule)
     kind = entry.imports_embedded if embedded(config) and entry.imports_embedded else entry.imports
-    work = entry.plan.job_bytes(config, rule, device_name) if entry.plan else 0
+    args = (job,) if job else ()
+    work = entry.plan.job_bytes(config, rule, device_name, *args) if entry.plan else 0
     return runtime_bytes(kind, device_name) + work
 
 
-def mem_mb(config: dict, rule: str, attempt: int = 1) -> int:
+def mem_mb(config: dict, rule: str, attempt: int = 1, job: str | None = None) -> int:
     """Host memory (MB) for one job on its `attempt`-th try: the planned peak (job_peak_bytes,
     on a GPU where the rule gets one) with MEM_HEADROOM, times the attempt."""
-    peak = job_peak_bytes(config, rule, device(config, rule))
+    peak = job_peak_bytes(config, rule, device(config, rule), job)
     return math.ceil(peak * MEM_HEADROOM / MB) * attempt
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> perf.Work | None:
     """The counted work of one job of `rule` (for `behaviour` where the rule runs per
-    behaviour), from the config alone; None for rules that count none."""
+    behaviour; train_sae_stream: its group's key), from the config alone; None for rules that
+    count none."""
     entry = rule_of(rule)
     return entry.plan.job_work(config, rule, behaviour) if entry.plan else None
 

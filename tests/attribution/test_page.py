@@ -19,6 +19,7 @@ from helpers.summaries import INDUCTION_SUMMARY
 
 from circuitflow.attribution import stage
 from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.contexts import FileRows
 from circuitflow.attribution.page import graph_html, page_data, rounded
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.flags import flags_of
@@ -39,7 +40,8 @@ def run(tmp_path_factory):
         n_contexts=4, context_window=3, validation_edges=8,
     )  # fmt: skip
     attr_dir, iv_dir = root / "attribution" / "b", root / "interventions" / "b"
-    stage.attribute(model, prompts, saes, acts, None, cfg, "b", attr_dir)
+    rows = {hook: FileRows(path) for hook, path in acts.items()}
+    stage.attribute(model, prompts, saes, rows, None, cfg, "b", attr_dir)
     iv_cfg = InterventionsConfig(n_features=3, n_random_features=1, steering_alphas=(0.0, 2.0),
                                  n_seeds=1, n_random_circuits=1, n_random_sets=1)  # fmt: skip
     summary = intervene(model, prompts, attr_dir, saes, None, iv_cfg, "b", iv_dir)

@@ -98,6 +98,33 @@ def sae(case: str, tmp: Path) -> None:
     emit("sae_train", case, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
 
 
+def stream(arch: str) -> None:
+    """The streaming SAE job's training (sae.source: stream): two layers' fast TopK SAEs from
+    one stream of the model's forward passes, its shuffle buffers refilled as it goes."""
+    from circuitflow.capture.config import CaptureConfig
+    from circuitflow.sae.config import SAETrainConfig
+    from circuitflow.sae.stream_plan import StreamGroup
+    from circuitflow.sae.stream_stage import plan, stream_source, train
+
+    model, weights = small_model(arch)
+    tokens = np.random.default_rng(0).integers(1, 1000, (72, 128)).astype(np.int32)
+    tokens[:, 0] = 0
+    meta = {"model_hash": "m", "token_set_hash": "t", "bos_token_id": 0, "held_out_contexts": 8}
+    batch = 2048
+    cfg = SAETrainConfig(
+        architecture="topk", d_sae=4096, k=1, batch_size=batch, total_tokens=6 * batch,
+        dead_window_tokens=batch, shuffle_buffer_tokens=4096, device="cpu",
+        normalize_activations="none",
+    )  # fmt: skip
+    cfg.stream.batch_contexts = 16
+    src = stream_source(tokens, meta, CaptureConfig())
+    group = StreamGroup((("resid_post", 0), ("resid_post", 1)))
+    with tempfile.TemporaryDirectory() as tmp, memory.PeakMeter("cpu") as meter:
+        p = plan(cfg, CaptureConfig(), src, group, model, "cpu", None)
+        train(cfg, src, group, p, model, "cpu", Path(tmp), "fp", None, {})
+    emit("sae_stream", arch, meter.delta + weights, p.estimate.total(batch, 16))
+
+
 def attribution(arch: str, method: str, n_prompts: int) -> None:
     from sae_lens import TopKSAE, TopKSAEConfig
     from sae_lens.saes.sae import SAEMetadata
@@ -146,6 +173,7 @@ def main() -> None:
             capture(arch, Path(tmp))
         for case in ("topk", "batchtopk", "topk saelens", "standard"):
             sae(case, Path(tmp))
+    stream("gpt2-small")
     for arch in architectures.ARCHITECTURES:
         attribution(arch, "atp", 16)
     attribution("gpt2-small", "ig", 2)

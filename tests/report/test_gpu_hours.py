@@ -69,10 +69,10 @@ def test_gpu_hours_from_a_suite_result(small):
     with pytest.raises(ValueError, match="--small"):
         gpu_hours.estimate(result, gpu_hours.load_config(QWEN))
     frame = gpu_hours.estimate(result, gpu_hours.load_config(QWEN), allow_small=True)
+    # The ready config streams (sae.source: stream): no capture, one streaming job per group.
     assert list(frame["stage"]) == [
         "baseline",
-        "capture",
-        "train_sae",
+        "train_sae_stream",
         "attribution",
         "interventions",
         "total",
@@ -80,9 +80,29 @@ def test_gpu_hours_from_a_suite_result(small):
     assert (frame["gpu_hours"] > 0).all()
     assert frame["gpu_hours"].iloc[-1] == pytest.approx(frame["gpu_hours"].iloc[:-1].sum())
     by_stage = frame.set_index("stage")
-    assert by_stage.loc["train_sae", "jobs"] == 24 and by_stage.loc["attribution", "jobs"] == 2
-    assert by_stage.loc["train_sae", "work"] == 24 * 20_000_000
+    assert by_stage.loc["attribution", "jobs"] == 2
+    # 24 layers' SAEs and their optimisers fit an A100 together: one job, one forward pass.
+    assert by_stage.loc["train_sae_stream", "jobs"] == 1
+    assert by_stage.loc["train_sae_stream", "work"] == 24 * 300_000_000
+    assert "1.00 forward passes a token" in by_stage.loc["train_sae_stream", "source"]
     assert all("projected" in s or "disk bound" in s for s in frame["source"].iloc[:-1])
+    # The same run by capture: the capture job and one train_sae job per layer.
+    capture = gpu_hours.load_config(QWEN)
+    capture["sae"]["source"] = "capture"
+    stages = gpu_hours.estimate(result, capture, allow_small=True).set_index("stage")
+    assert stages.loc["train_sae", "jobs"] == 24 and stages.loc["capture", "jobs"] == 1
+    # Published dictionaries: nothing captured or trained, each one measured on the tokens.
+    capture["sae"]["source"] = "pretrained"
+    frame = gpu_hours.estimate(result, capture, allow_small=True)
+    assert list(frame["stage"]) == [
+        "baseline",
+        "pretrained_sae",
+        "attribution",
+        "interventions",
+        "total",
+    ]
+    row = frame.set_index("stage").loc["pretrained_sae"]
+    assert row["jobs"] == 24 and row["gpu_hours"] < by_stage.loc["train_sae_stream", "gpu_hours"]
 
 
 def _readme_block(name: str) -> str:

@@ -124,8 +124,10 @@ def sbatch_line(job: dict) -> str:
 def test_csd3_dry_run_follows_csd3_rules(tmp_path):
     """GPT-2 small, 12 layers: GPU jobs on ampere with --gres=gpu:1 and the -GPU account, CPU jobs
     on icelake with the -CPU account, <= 32 CPUs per GPU, walltime within 36 h, one train_sae job
-    per layer (no arrays)."""
+    per layer (no arrays). The config's SAEs from the capture stage's files, as before it
+    streamed (test_csd3_dry_run_of_the_streaming_config has the config as it is)."""
     cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    cfg["sae"] |= {"source": "capture", "total_tokens": 20_000_000}
     cfg["outdir"] = str(tmp_path / "results")
     configfile = tmp_path / "gpt2.yaml"
     configfile.write_text(yaml.safe_dump(cfg))
@@ -179,11 +181,49 @@ def test_csd3_dry_run_follows_csd3_rules(tmp_path):
         assert done.returncode != 0 and message in done.stdout + done.stderr, account
 
 
+def test_csd3_dry_run_of_the_streaming_config(tmp_path):
+    """config/gpt2-small.yaml as it is (sae.source: stream, 300M tokens a layer): no capture
+    job; the memory plan fits the 12 layers' SAEs on one A100, so one GPU job trains them all
+    from one forward pass and writes each to its saes/resid_post/layer_N/; its memory and
+    walltime are its group's plan (resources.mem_mb, resources.runtime with its key), a first
+    attempt of at most resumable_max_runtime that grows on each retry."""
+    from circuitflow.sae import stream_groups, stream_plan
+
+    cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    cfg["outdir"] = str(tmp_path / "results")
+    configfile = tmp_path / "gpt2.yaml"
+    configfile.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "CSD3_ACCOUNT": "DUMMY-SL2"}
+    jobs = _dry_run_jobs(tmp_path, configfile, env)
+    rules = {j["rule"] for j in jobs}
+    assert not rules & {"capture", "capture_shard", "train_sae"}, rules
+    stream = [j for j in jobs if j["rule"].startswith("train_sae_stream_")]
+    assert [j["rule"] for j in stream] == ["train_sae_stream_resid_post_layer_0_to_11"]
+    line = sbatch_line(stream[0])
+    assert "--gres=gpu:1" in line and "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
+    shell = stream[0]["shell"]
+    assert all(f"resid_post:{n}" in shell for n in range(12)), shell
+    assert all(f"saes/resid_post/layer_{n}" in shell for n in range(12)), shell
+    config = cf_config.load(configfile)
+    cluster = Cluster.from_profile(yaml.safe_load(CSD3.read_text())["default-resources"])
+    (group,) = stream_groups.stream_groups(config, cluster)
+    res = stream[0]["resources"]
+    assert res["runtime"] == resources.runtime(config, "train_sae_stream", 1, cluster, group.key)
+    assert res["runtime"] == cluster.resumable_max_runtime  # 300M tokens: it resumes
+    assert res["mem_mb"] == resources.mem_mb(config, "train_sae_stream", 1, group.key)
+    # A job of one layer counts less than a sixth of the work of the job of twelve.
+    one = stream_plan.StreamGroup((("resid_post", 11),)).key
+    assert resources.work_seconds(config, "train_sae_stream", cluster, one) < (
+        resources.work_seconds(config, "train_sae_stream", cluster, group.key) / 6
+    )
+
+
 def test_another_cluster_is_one_profile_folder(tmp_path):
     """profiles/slurm-h100, an example of another Slurm cluster (H100s in partition gpu, one
     account from $SLURM_PROJECT, 16 CPUs per GPU): the same workflow, no code change, places
     its jobs there and plans walltimes and the report's GPU-hours at the H100's rates."""
     cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    cfg["sae"] |= {"source": "capture", "total_tokens": 20_000_000}  # one job per layer
     cfg["outdir"] = str(tmp_path / "results")
     configfile = tmp_path / "gpt2.yaml"
     configfile.write_text(yaml.safe_dump(cfg))

@@ -9,8 +9,10 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=sae_outputs(),
-        # Paired with the SAEs by the hook name each file records.
+        # Paired with the SAEs by the hook name each file records (sae.source: capture);
+        # else the features' top contexts come from the model run over the token set.
         acts=capture_outputs(),
+        tokens=TOKEN_SET if SAE_SOURCE != "capture" else [],
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",
@@ -44,10 +46,21 @@ rule attribution:
     resources:
         **job_resources("attribution"),
     params:
-        cfg=config_json("device", "model", "attribution"),
+        # Without activation files the capture section says whether the SAEs' rows leave BOS
+        # out (capture.exclude_bos); with them each file says so.
+        cfg=(
+            config_json("device", "model", "attribution")
+            if SAE_SOURCE == "capture"
+            else config_json("device", "model", "attribution", "capture")
+        ),
         out_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
+        tokens=(
+            ""
+            if SAE_SOURCE == "capture"
+            else f"--tokens-npy {TOKEN_SET[0]} --tokens-json {TOKEN_SET[1]}"
+        ),
     shell:
         stage("attribution")
         + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --saes {input.saes}"
-        " --activations {input.acts} --out-dir {params.out_dir} 2> {log}"
+        " --activations {input.acts} {params.tokens} --out-dir {params.out_dir} 2> {log}"

@@ -59,13 +59,14 @@ rule capture_tokens:
     resources:
         **job_resources("capture_tokens"),
     params:
-        cfg=config_json("seed", "model", "capture"),
+        cfg=tokens_config_json(),
     shell:
         stage("capture") + " tokens --config {params.cfg} --model-json {input.model}"
         " --out-npy {output.npy} --out-json {output.json} 2> {log}"
 
 
-if SHARDS == 1:
+# Only sae.source capture reads activation files: stream and pretrained capture nothing.
+if SAE_SOURCE == "capture" and SHARDS == 1:
 
     rule capture:
         input:
@@ -92,7 +93,7 @@ if SHARDS == 1:
         shell:
             CAPTURE_CMD
 
-else:
+elif SAE_SOURCE == "capture":
 
     rule capture_shard:
         input:

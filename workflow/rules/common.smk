@@ -56,8 +56,38 @@ wildcard_constraints:
 
 def config_json(*keys):
     """The named config sections as a shell-quoted JSON argument. Rules pass only what they use,
-    so editing an unrelated key does not make Snakemake rerun them."""
-    return shlex.quote(json.dumps(cf_config.section(config, *keys), sort_keys=True))
+    so editing an unrelated key does not make Snakemake rerun them. A function of the job's
+    wildcards: Snakemake fills a string param's braces as wildcards, and a value may hold some
+    (the templates of sae.pretrained)."""
+    return json_param(cf_config.section(config, *keys))
+
+
+def json_param(cfg):
+    """`cfg` as a shell-quoted JSON param: a function, so braces in values are not wildcards."""
+    text = shlex.quote(json.dumps(cfg, sort_keys=True))
+    return lambda wildcards: text
+
+
+def tokens_config_json():
+    """What capture_tokens reads: the seed, model and capture sections; for sae.source stream
+    also the streamed budget (sae.total_tokens training rows, sae.eval_contexts held out).
+    """
+    if SAE_SOURCE != "stream":
+        return config_json("seed", "model", "capture")
+    cfg = cf_config.section(config, "seed", "model", "capture")
+    cfg["sae"] = {
+        key: config["sae"][key] for key in ("source", "total_tokens", "eval_contexts")
+    }
+    return json_param(cfg)
+
+
+def stream_config_json():
+    """What the stream jobs read: the seed, device, model and SAE config, and of the capture
+    section how rows are cut, stored and batched (not capture.n_tokens)."""
+    keys = ("exclude_bos", "dtype", "max_batch_size", "memory_fraction")
+    cfg = cf_config.section(config, "seed", "device", "model", "sae")
+    cfg["capture"] = {key: config["capture"][key] for key in keys}
+    return json_param(cfg)
 
 
 def stage(name, online=False):
@@ -96,7 +126,15 @@ def provenance_outputs():
     ]
 
 
+# Where the dictionaries come from (sae.source): the capture stage's files, the SAE jobs' own
+# forward passes (stream), or published ones (pretrained). Only capture writes activation files.
+SAE_SOURCE = config["sae"]["source"]
+TOKEN_SET = [f"{OUT}/activations/tokens.npy", f"{OUT}/activations/tokens.json"]
+
+
 def capture_outputs():
+    if SAE_SOURCE != "capture":
+        return []
     return expand(
         f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
     )
@@ -124,14 +162,16 @@ if workflow.is_main_process and (problem := CLUSTER.account_problem()):
     raise WorkflowError(problem)
 
 
-def job_resources(rule):
+def job_resources(rule, job=None):
     """resources: of `rule`: memory and walltime that grow with each retry, and on a Slurm
     profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
+    `job`: which of the rule's jobs, where one rule is defined per job (for train_sae_stream,
+    its group's key); else the job's behaviour wildcard, where it has one.
     """
     res = {
-        "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt),
+        "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt, job),
         "runtime": lambda wc, attempt: cf_resources.runtime(
-            config, rule, attempt, CLUSTER, wc.get("behaviour")
+            config, rule, attempt, CLUSTER, job or wc.get("behaviour")
         ),
         "gpus": cf_resources.gpus(config, rule),
     }

@@ -20,7 +20,7 @@ rule prompts:
     resources:
         **job_resources("prompts"),
     params:
-        cfg=lambda wc: config_json("seed", "behaviours"),
+        cfg=config_json("seed", "behaviours"),
     shell:
         stage("prompts") + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --model-json {input.model} --out {output} 2> {log}"

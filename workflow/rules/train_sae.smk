@@ -1,30 +1,81 @@
-# One SAE per (site, layer), one job each (on Slurm too: no job arrays, docs/design.md). Exit 75 =
-# checkpointed on SIGTERM: the retry (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets
-# more walltime. Code: src/circuitflow/sae/ (stage.py writes the outputs).
+# SAE training (sae.source capture or stream). Exit 75 = checkpointed on SIGTERM: the retry
+# (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets more walltime.
+# Code: src/circuitflow/sae/ (stage.py for capture, stream_stage.py for stream).
+from circuitflow.sae import stream_groups as cf_stream_groups
+
+if SAE_SOURCE == "capture":
+
+    # One SAE per (site, layer) from its activation file, one job each (on Slurm too: no job
+    # arrays, docs/design.md).
+    rule train_sae:
+        input:
+            acts=f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
+            model=f"{OUT}/model/model.json",
+        output:
+            directory(f"{OUT}/saes/{{site}}/layer_{{layer}}"),
+        log:
+            f"{OUT}/logs/train_sae/{{site}}_layer_{{layer}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_sae/{{site}}_layer_{{layer}}.tsv"
+        conda:
+            "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
+        threads: job_threads("train_sae")
+        resources:
+            **job_resources("train_sae"),
+        params:
+            cfg=config_json("seed", "device", "model", "sae"),
+            # Outside the output: Snakemake deletes a directory() output before a retry.
+            ckpt=lambda wc: f"{OUT}/checkpoints/saes/{wc.site}/layer_{wc.layer}",
+        shell:
+            stage("train_sae")
+            + " --config {params.cfg} --activations {input.acts} --model-json {input.model}"
+            " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"
 
 
-rule train_sae:
-    input:
-        acts=f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
-        model=f"{OUT}/model/model.json",
-    output:
-        directory(f"{OUT}/saes/{{site}}/layer_{{layer}}"),
-    log:
-        f"{OUT}/logs/train_sae/{{site}}_layer_{{layer}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/train_sae/{{site}}_layer_{{layer}}.tsv"
-    conda:
-        "../../envs/circuitflow.yaml"
-    envmodules:
-        *job_envmodules(),
-    threads: job_threads("train_sae")
-    resources:
-        **job_resources("train_sae"),
-    params:
-        cfg=config_json("seed", "device", "model", "sae"),
-        # Outside the output: Snakemake deletes a directory() output before a retry.
-        ckpt=lambda wc: f"{OUT}/checkpoints/saes/{wc.site}/layer_{wc.layer}",
-    shell:
-        stage("train_sae")
-        + " --config {params.cfg} --activations {input.acts} --model-json {input.model}"
-        " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"
+if SAE_SOURCE == "stream":
+    # The SAE jobs run the model themselves over the token set, one job per group of sites
+    # and layers (sae.stream.layers_per_job; auto: planned for the profile's GPU type), each
+    # SAE still written to its own saes/{site}/layer_{layer}/. One rule per group, all with
+    # the rule table's resources of train_sae_stream (memory and walltime of that group).
+    try:
+        SAE_GROUPS = cf_stream_groups.stream_groups(config, CLUSTER)
+    except cf_config.ConfigError as err:
+        raise WorkflowError(f"config error: {err}") from None
+
+    for group in SAE_GROUPS:
+
+        rule:
+            name:
+                f"train_sae_stream_{group.name}"
+            input:
+                model=f"{OUT}/model/model.json",
+                npy=TOKEN_SET[0],
+                json=TOKEN_SET[1],
+            output:
+                [
+                    directory(f"{OUT}/saes/{site}/layer_{layer}")
+                    for site, layer in group.members
+                ],
+            log:
+                f"{OUT}/logs/train_sae_stream/{group.name}.log",
+            benchmark:
+                f"{OUT}/benchmarks/train_sae_stream/{group.name}.tsv"
+            conda:
+                "../../envs/circuitflow.yaml"
+            envmodules:
+                *job_envmodules(),
+            threads: job_threads("train_sae_stream")
+            resources:
+                **job_resources("train_sae_stream", group.key),
+            params:
+                cfg=stream_config_json(),
+                members=" ".join(f"{site}:{layer}" for site, layer in group.members),
+                # Outside the outputs: Snakemake deletes directory() outputs before a retry.
+                ckpt=f"{OUT}/checkpoints/saes/stream/{group.name}",
+            shell:
+                stage("train_sae_stream")
+                + " --config {params.cfg} --model-json {input.model} --tokens-npy {input.npy}"
+                " --tokens-json {input.json} --members {params.members} --out {output}"
+                " --checkpoint-dir {params.ckpt} > {log} 2>&1"

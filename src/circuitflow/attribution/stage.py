@@ -107,13 +107,14 @@ def build_graph(
 def contexts(
     features: pd.DataFrame,
     saes: dict[str, Any],
-    acts_files: dict[str, Path],
+    rows: dict[str, Any],
     tokenizer: Any,
     cfg: AttributionConfig,
     graph_nodes: list[dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
     """Top activating contexts of each SAE's top `context_features` features and of every
-    feature among `graph_nodes` (graph.json's), whose hover cards in graph.html show them."""
+    feature among `graph_nodes` (graph.json's), whose hover cards in graph.html show them;
+    `rows`: per hook, the rows its SAE reads (contexts.FileRows or contexts.TokenSetRows)."""
     frames = []
     for hook, sae in saes.items():
         site, layer = site_layer(hook)
@@ -126,7 +127,7 @@ def contexts(
         }
         frames.append(
             feature_contexts.contexts(
-                acts_files[hook],
+                rows[hook],
                 sae,
                 site,
                 layer,
@@ -170,7 +171,7 @@ def attribute(
     model,
     prompts: pd.DataFrame,
     saes: dict[str, Any],
-    acts_files: dict[str, Path],
+    rows: dict[str, Any],
     tokenizer: Any,
     cfg: AttributionConfig,
     behaviour: str,
@@ -179,6 +180,7 @@ def attribute(
 ) -> dict[str, Any]:
     """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
     graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`.
+    `rows`: per SAE hook, the rows its features' top contexts are found in (contexts.py).
     `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there."""
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
@@ -212,7 +214,7 @@ def attribute(
     graph |= {"seconds": meta["seconds"], "seconds_per_prompt": meta["seconds_per_prompt"]}
     graph |= cost
     tables["feature_contexts"] = contexts(
-        tables["features"], saes, acts_files, tokenizer, cfg, graph["nodes"]
+        tables["features"], saes, rows, tokenizer, cfg, graph["nodes"]
     )
     heads = tables["heads"]
     inert = heads["score"] == 0  # a pruned head (W_O = 0), or one nothing moves: no finding
@@ -262,33 +264,50 @@ def run(
     sae_dirs: list[Path | str],
     activation_files: list[Path | str],
     out_dir: Path | str,
+    token_set: tuple[Path | str, Path | str] | None = None,
 ) -> dict[str, Any]:
-    """The stage: load the model, prompts and SAEs named by the rule, then `attribute`."""
+    """The stage: load the model, prompts and SAEs named by the rule, then `attribute`. The
+    features' top contexts come from the SAEs' activation files (`sae.source: capture`) or,
+    where none were written, from the model run over the token set (`token_set`: tokens.npy
+    and tokens.json), BOS left out as `capture.exclude_bos` says."""
     from circuitflow.attribution.splice import load_saes
     from circuitflow.capture.files import read_activation_info
+    from circuitflow.capture.tokens import read_token_set
     from circuitflow.devices import precise_math
     from circuitflow.errors import ConfigError
     from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
     from circuitflow.sae.files import check_sae_dir
 
-    if len(sae_dirs) != len(activation_files):
+    if activation_files and len(sae_dirs) != len(activation_files):
         raise ConfigError("--saes and --activations must name the same number of paths")
+    if sae_dirs and not activation_files and token_set is None:
+        raise ConfigError("--activations or --tokens-npy/--tokens-json: the rows SAEs read")
     cfg = AttributionConfig.from_dict(config["attribution"])
     prompts = read_prompts(prompts_path)
     # Pair SAEs with activation files by the hook each names, not by argument order alone.
     infos = [read_activation_info(a) for a in activation_files]
-    acts = {info.hook_name: info.path for info in infos}
-    # The SAEs were trained on these files: bypassed at BOS when the files leave BOS out.
-    bypass_bos = any(info.bos_excluded for info in infos)
+    files = {info.hook_name: info.path for info in infos}
+    tokens = read_token_set(*token_set)[0] if token_set is not None else None
+    # The SAEs were trained on these rows: bypassed at BOS when the rows leave BOS out.
+    if infos:
+        bypass_bos = any(info.bos_excluded for info in infos)
+    else:
+        bypass_bos = tokens is not None and bool(config["capture"]["exclude_bos"])
     for d in sae_dirs:  # before the model: a damaged SAE is refused in a second
         check_sae_dir(d)
     model_dir = Path(model_json).parent
     model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)
-    missing = sorted(set(saes) - set(acts))
-    if missing:
-        raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
+    if infos:
+        missing = sorted(set(saes) - set(files))
+        if missing:
+            raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
+        rows = {hook: feature_contexts.FileRows(path) for hook, path in files.items()}
+    else:
+        rows = {
+            hook: feature_contexts.TokenSetRows(model, hook, tokens, bypass_bos) for hook in saes
+        }
     with precise_math():
         tokenizer = load_tokenizer(model_dir)
-        return attribute(model, prompts, saes, acts, tokenizer, cfg, behaviour, out_dir, bypass_bos)
+        return attribute(model, prompts, saes, rows, tokenizer, cfg, behaviour, out_dir, bypass_bos)

@@ -38,6 +38,17 @@ def contexts(config: dict, model_cfg) -> tuple[int, int, int]:
     return t, per_context, math.ceil(config["capture"]["n_tokens"] / per_context)
 
 
+def token_set_contexts(config: dict, model_cfg) -> int:
+    """Contexts of the token set capture_tokens builds: the capture's, or for `sae.source:
+    stream` `sae.total_tokens` training rows and `sae.eval_contexts` held-out contexts."""
+    sae = config["sae"]
+    if sae["source"] != "stream":
+        return contexts(config, model_cfg)[2]
+    t = context_length(config, model_cfg)
+    per_context = t - 1 if config["capture"]["exclude_bos"] else t
+    return math.ceil(sae["total_tokens"] / per_context) + sae["eval_contexts"]
+
+
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of a capture job's work at the config's batch size: the token set (two int64
     copies) for capture_tokens; the forward pass with every hook's rows awaiting the write for
@@ -45,6 +56,9 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     capture = config["capture"]
     n_rows = capture["n_tokens"]
     if rule == "capture_tokens":
+        if config["sae"]["source"] == "stream":
+            cfg = architectures.model_cfg(config)
+            n_rows = token_set_contexts(config, cfg) * context_length(config, cfg)
         return 2 * 8 * n_rows
     if rule not in ("capture", "capture_shard"):
         return 0
@@ -70,6 +84,7 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | No
     capture = config["capture"]
     t, per_context, n_contexts = contexts(config, cfg)
     if rule == "capture_tokens":
+        n_contexts = token_set_contexts(config, cfg)
         return Work({}, other_seconds=n_contexts * t / TOKENIZE_TOKENS_PER_S)
     if rule not in ("capture", "capture_shard"):
         return None
@@ -84,8 +99,11 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | No
 
 def disk_bytes(config: dict) -> int:
     """Bytes of the activation files (rows x (d_in in the capture dtype + an int32 token), every
-    hook) and the token set (int32 rows, and its hash's copy)."""
+    hook; none unless `sae.source` is capture) and the token set (int32 rows, and its hash's
+    copy)."""
     cfg = architectures.model_cfg(config)
     rows = config["capture"]["n_tokens"]
     row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
+    if config["sae"]["source"] != "capture":
+        return 4 * 2 * token_set_contexts(config, cfg) * context_length(config, cfg)
     return n_hooks(config) * rows * row + 4 * 2 * rows

@@ -154,8 +154,10 @@ def hub_documents(name: str, split: str, text_column: str) -> Iterator[str]:
         yield row[text_column]
 
 
-def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str):
-    """Tokenize documents in order, join them with EOS, cut into BOS-led contexts."""
+def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str,
+         short: str | None = None):  # fmt: skip
+    """Tokenize documents in order, join them with EOS, cut into BOS-led contexts. `short`:
+    the error's words when the corpus runs out (a format string with `filled` and `need`)."""
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     if bos is None:
         raise ValueError("capture.corpus: the model's tokenizer has neither a BOS nor an EOS token")
@@ -183,6 +185,8 @@ def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str
             break
     if batch and filled < need:
         flush()
+    if filled < need and short:
+        raise ValueError(short.format(filled=filled, need=need))
     if filled < need:
         raise ValueError(
             f"capture.n_tokens: corpus {source} has only {filled} tokens, {need} are needed; "
@@ -196,14 +200,19 @@ def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str
 
 # --- the token set --------------------------------------------------------------------------------
 def build_token_set(
-    capture: CaptureConfig, seed: int, model_dir: Path | str
+    capture: CaptureConfig, seed: int, model_dir: Path | str, stream: dict | None = None
 ) -> tuple[np.ndarray, dict]:
-    """The packed contexts for `capture` (the config section) and their description."""
+    """The packed contexts for `capture` (the config section) and their description. With
+    `stream` (the `sae` section of a `sae.source: stream` config) the set holds
+    `sae.total_tokens` rows for training, distinct tokens, and `sae.eval_contexts` contexts more
+    at its end, held out for the SAEs' evaluation (`held_out_contexts` in the description)."""
     from circuitflow.model.load import load_tokenizer, read_model_json
 
     info = read_model_json(model_dir)
     context_length = context_length_for(capture, info)
-    n_contexts = n_contexts_for(capture.n_tokens, context_length, capture.exclude_bos)
+    n_rows = stream["total_tokens"] if stream else capture.n_tokens
+    held_out = stream["eval_contexts"] if stream else 0
+    n_contexts = n_contexts_for(n_rows, context_length, capture.exclude_bos) + held_out
     source = corpus_source(capture, info)
     if source == SYNTHETIC:
         tokens, bos = synthetic_contexts(info, seed, n_contexts, context_length)
@@ -213,7 +222,14 @@ def build_token_set(
         else:
             docs = hub_documents(source, capture.split, capture.text_column)
         tokenizer = load_tokenizer(model_dir)
-        tokens, bos = pack(docs, tokenizer, n_contexts, context_length, source)
+        short = None
+        if stream:
+            short = (
+                f"sae.total_tokens: corpus {source} holds {{filled:,}} tokens; streaming "
+                f"{n_rows:,} training tokens and {held_out} evaluation contexts asks for "
+                "{need:,}; use a larger corpus (capture.corpus) or a smaller sae.total_tokens"
+            )
+        tokens, bos = pack(docs, tokenizer, n_contexts, context_length, source, short)
     meta = {
         "source": source,
         "split": capture.split if is_hub_dataset(source) else None,
@@ -224,6 +240,8 @@ def build_token_set(
         "model_hash": info["weights_sha256"],
         "seed": seed,
     }
+    if stream:
+        meta["held_out_contexts"] = held_out
     return tokens, meta
 
 
@@ -249,6 +267,18 @@ def read_token_set(npy_path: Path | str, json_path: Path | str) -> tuple[np.ndar
     return tokens, meta
 
 
+def last_contexts(tokens: np.ndarray, n: int):
+    """The last `n` contexts of a token set as an int64 tensor [n, context_length] (BOS first):
+    what an SAE is evaluated on when no activation file holds its tokens (sae.source stream or
+    pretrained), as the capture path takes the last contexts of its file."""
+    import torch
+
+    n = min(n, len(tokens))
+    if n < 1:
+        raise InputError("the token set holds no context")
+    return torch.from_numpy(np.asarray(tokens[len(tokens) - n :], dtype=np.int64))
+
+
 def run(config: dict, model_json: Path | str, out_npy: Path | str, out_json: Path | str) -> dict:
     """The stage: build the token set for `config` (seed, model, capture) and write it."""
     import os
@@ -256,7 +286,9 @@ def run(config: dict, model_json: Path | str, out_npy: Path | str, out_json: Pat
     if config["model"]["hf_cache"]:
         os.environ["HF_HOME"] = str(Path(config["model"]["hf_cache"]).expanduser())
     capture = CaptureConfig.from_dict(config["capture"])
-    tokens, meta = build_token_set(capture, config["seed"], Path(model_json).parent)
+    sae = config.get("sae") or {}
+    stream = sae if sae.get("source") == "stream" else None
+    tokens, meta = build_token_set(capture, config["seed"], Path(model_json).parent, stream)
     write_token_set(tokens, meta, out_npy, out_json)
     return meta
 

@@ -147,29 +147,14 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
     cap = CaptureConfig.from_dict(config["capture"])
     ctx = int(cap.context_length or min(arch.n_ctx, 128))
     per_ctx = ctx - 1 if cap.exclude_bos else ctx
-    tokens = math.ceil(cap.n_tokens / per_ctx) * ctx
-    rec = _one(suite, key, "capture")
-    flops = perf.forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
-    s, source = _seconds(rec, tokens * flops, _peak(gpu, "bfloat16"), suite, gpu)
-    if not measured_on(suite, gpu):
-        # Writing the activations cannot go faster than the disk the suite measured.
-        itemsize = 2 if cap.dtype == "float16" else 4
-        stored = math.ceil(cap.n_tokens / per_ctx) * per_ctx * n_hooks * arch.d_model
-        write_s = stored * itemsize / suite["disk_write_bytes_per_s"]
-        if write_s > s:
-            s = write_s
-            source = f"disk bound: {stored * itemsize / 1e9:,.0f} GB at the suite's disk speed"
-    rows.append(_row("capture", 1, tokens, "tokens", tokens * flops, s, source))
-
+    if config["sae"]["source"] == "stream":
+        rows.append(_stream_row(suite, config, key, arch, ctx, per_ctx, gpu))
+    elif config["sae"]["source"] == "pretrained":
+        rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu))
+    else:
+        rows.extend(_capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu))
     sae = SAETrainConfig.from_dict(config["sae"])
     d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
-    rec, exact = _sae_record(suite, key, sae, d_sae)
-    flops = perf.sae_training_flops_per_token(arch.d_model, d_sae)
-    work = n_hooks * sae.total_tokens
-    s, source = _seconds(rec, work * flops, _peak(gpu, "float32"), suite, gpu)
-    if not exact:
-        source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
-    rows.append(_row("train_sae", n_hooks, work, "tokens", work * flops, s, source))
 
     rec = _one(suite, key, "attribution")
     acfg = AttributionConfig.from_dict(config["attribution"])
@@ -230,6 +215,83 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
         "source": "job start-up (imports, loading the model) not included",
     }
     return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
+
+
+def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> list[dict]:
+    """`sae.source: capture`: the capture (one forward pass of every context, the files
+    written) and one train_sae job per site and layer."""
+    from circuitflow.sae.config import SAETrainConfig
+
+    rows = []
+    tokens = math.ceil(cap.n_tokens / per_ctx) * ctx
+    rec = _one(suite, key, "capture")
+    flops = perf.forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
+    s, source = _seconds(rec, tokens * flops, _peak(gpu, "bfloat16"), suite, gpu)
+    if not measured_on(suite, gpu):
+        # Writing the activations cannot go faster than the disk the suite measured.
+        itemsize = 2 if cap.dtype == "float16" else 4
+        stored = math.ceil(cap.n_tokens / per_ctx) * per_ctx * n_hooks * arch.d_model
+        write_s = stored * itemsize / suite["disk_write_bytes_per_s"]
+        if write_s > s:
+            s = write_s
+            source = f"disk bound: {stored * itemsize / 1e9:,.0f} GB at the suite's disk speed"
+    rows.append(_row("capture", 1, tokens, "tokens", tokens * flops, s, source))
+
+    sae = SAETrainConfig.from_dict(config["sae"])
+    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
+    rec, exact = _sae_record(suite, key, sae, d_sae)
+    flops = perf.sae_training_flops_per_token(arch.d_model, d_sae)
+    work = n_hooks * sae.total_tokens
+    s, source = _seconds(rec, work * flops, _peak(gpu, "float32"), suite, gpu)
+    if not exact:
+        source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
+    rows.append(_row("train_sae", n_hooks, work, "tokens", work * flops, s, source))
+    return rows
+
+
+def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
+    """`sae.source: stream`: the streaming jobs (sae.stream_groups.stream_groups for a `gpu`),
+    each SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
+    (every training context through its deepest layer) at the suite's capture rate, no disk."""
+    from circuitflow.cluster import Cluster
+    from circuitflow.sae import stream_groups
+    from circuitflow.sae.config import SAETrainConfig
+
+    sae = SAETrainConfig.from_dict(config["sae"])
+    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
+    groups = stream_groups.stream_groups(config, Cluster(gpu_type=gpu))
+    n_saes = sum(len(g.members) for g in groups)
+    rec, exact = _sae_record(suite, key, sae, d_sae)
+    work = n_saes * sae.total_tokens
+    sae_flops = work * perf.sae_training_flops_per_token(arch.d_model, d_sae)
+    s_sae, source = _seconds(rec, sae_flops, _peak(gpu, "float32"), suite, gpu)
+    if not exact:
+        source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
+    tokens = math.ceil(sae.total_tokens / per_ctx) * ctx
+    fwd = sum(tokens * perf.forward_flops_per_token(arch, ctx, g.depth, unembed=False)
+              for g in groups)  # fmt: skip
+    s_fwd, how = _seconds(_one(suite, key, "capture"), fwd, _peak(gpu, "bfloat16"), suite, gpu)
+    passes = sum(g.depth for g in groups) / arch.n_layers
+    sizes = sorted({len(g.members) for g in groups})
+    each = "-".join(str(n) for n in sizes[:: max(1, len(sizes) - 1)])
+    jobs = f"{len(groups)} job{'s' * (len(groups) > 1)} of {each} SAEs"
+    source += (
+        f"; {jobs}, {passes:.2f} forward passes a token ({s_fwd / 3600:.2f} h at the "
+        f"capture rate, {how.split(':')[0]}), no activation files"
+    )
+    return _row("train_sae_stream", len(groups), work, "tokens", sae_flops + fwd, s_sae + s_fwd,
+                source)  # fmt: skip
+
+
+def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu) -> dict[str, Any]:
+    """`sae.source: pretrained`: nothing captured or trained; each pretrained_sae job measures
+    its dictionary on `sae.eval_contexts` contexts (clean, spliced and zero-ablated passes, as
+    deep as its layer; counted here as whole passes) at the suite's forward rate."""
+    contexts = config["sae"]["eval_contexts"]
+    flops = n_hooks * 3 * contexts * ctx * perf.forward_flops_per_token(arch, ctx)
+    s, source = _seconds(_one(suite, key, "forward"), flops, _peak(gpu, "bfloat16"), suite, gpu)
+    source += f"; 3 forward passes of {contexts} contexts a dictionary, nothing trained"
+    return _row("pretrained_sae", n_hooks, n_hooks * contexts * ctx, "tokens", flops, s, source)
 
 
 def _row(stage, jobs, work, unit, flops, seconds, source) -> dict[str, Any]:

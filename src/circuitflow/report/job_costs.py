@@ -32,9 +32,16 @@ COLUMNS = [
 COST_FILES = {
     "baseline": "baseline/{job}.json",
     "train_sae": "saes/{site}/layer_{layer}/metrics.json",
+    "pretrained_sae": "saes/{site}/layer_{layer}/metrics.json",
+    # A streaming job trains a group: its first member's metrics (the job's name starts with it).
+    "train_sae_stream": "saes/{site}/layer_{layer}/metrics.json",
     "attribution": "attribution/{job}/summary.json",
     "interventions": "interventions/{job}/summary.json",
 }
+
+
+# The rules that write saes/ and their metrics.json.
+SAE_RULES = ("train_sae", "pretrained_sae", "train_sae_stream")
 
 
 def _hms(seconds: float) -> str:
@@ -113,7 +120,9 @@ def job_costs(
                 "io_out_mb": numbers["io_out"],
                 "gpus": gpus,
                 "gpu_hours": numbers["s"] * gpus / 3600,
-                "gpu_peak_memory_mb": sae_gpu_mem.get(job) if rule == "train_sae" else None,
+                "gpu_peak_memory_mb": (
+                    sae_gpu_mem.get(f"{site}_layer_{layer}") if rule in SAE_RULES else None
+                ),
                 **stage_cost(root, rule, job, site, layer),
             }
         )

@@ -41,6 +41,25 @@ class JumpReLUConfig:
 
 
 TRAINERS = ("auto", "fast", "saelens")  # the schema's enum of sae.trainer (a test checks)
+_S, _P = _D["stream"], _D["pretrained"]
+
+
+@dataclass
+class StreamConfig:
+    """Streaming training (``sae.stream``, for ``sae.source: stream``)."""
+
+    layers_per_job: int | Literal["auto"] = _S["layers_per_job"]
+    batch_contexts: int | None = _S["batch_contexts"]  # None: planned from memory
+
+
+@dataclass
+class PretrainedConfig:
+    """Published dictionaries (``sae.pretrained``, for ``sae.source: pretrained``): templates
+    with {layer} and {site}."""
+
+    release: str | None = _P["release"]
+    sae_id: str | None = _P["sae_id"]
+    path: str | None = _P["path"]
 
 
 @dataclass
@@ -48,6 +67,9 @@ class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
     device. The schema checks every value; config.check_cross_fields the combinations."""
 
+    source: Literal["capture", "stream", "pretrained"] = _D["source"]
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     architecture: str = _D["architecture"]  # a key of sae.architectures.ARCHITECTURES
     expansion_factor: int = _D["expansion_factor"]
     d_sae: int | None = _D["d_sae"]

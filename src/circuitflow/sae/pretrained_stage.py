@@ -1,0 +1,226 @@
+"""The stages of published dictionaries (`sae.source: pretrained`; sources and checks in
+`sae.pretrained`).
+
+- prefetch_saes (a localrule, on the login node, which has internet): each site and layer's
+  dictionary of a SAELens release fetched into the Hugging Face cache by SAE.from_pretrained,
+  one at a time, checked against the model's model.json, and listed in prefetch.json.
+- pretrained_sae (one job per site and layer): the dictionary loaded offline (a release from the
+  cache, a local directory as it is), checked against the run before any work, adapted where
+  its model was loaded otherwise (`model_from_pretrained_kwargs`: center_writing_weights is
+  folded into the encoder), written to saes/{site}/layer_{layer}/ in SAELens's format, reloaded
+  from there and evaluated on the run's token set with the metrics train_sae writes (nothing is
+  trained: tokens_trained 0; dead_fraction is the share of latents that never fire on the
+  evaluation tokens). Attribution and interventions then read it like any trained SAE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitflow.errors import InputError
+from circuitflow.io import atomic_dir, sha256_files, write_json
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.pretrained import (
+    CFG_FILE,
+    WEIGHTS_FILE,
+    Dictionary,
+    Loaded,
+    RunModel,
+    check_loaded,
+    dictionaries,
+    dictionary_for,
+    differences,
+    fold_centering,
+    hub_cache_dir,
+    load,
+    model_kwargs_effect,
+    read_local,
+)
+
+log = logging.getLogger(__name__)
+EVAL_BATCH = 16  # contexts a pass of the evaluation takes (sae.metrics.evaluate_sae's batch)
+
+
+def _model_info(model_json: Path | str) -> dict:
+    from circuitflow.model.load import read_model_json
+
+    return read_model_json(Path(model_json).parent)
+
+
+def describe(d: Dictionary, loaded: Loaded) -> dict[str, Any]:
+    """Where the dictionary came from and what it is, for prefetch.json and metrics.json."""
+    view, rel = loaded.view, loaded.release
+    out = {
+        "site": d.site,
+        "layer": d.layer,
+        **d.describe(),
+        "hook_name": view["hook_name"],
+        "d_in": view["d_in"],
+        "d_sae": view["d_sae"],
+        "architecture": loaded.sae.cfg.architecture(),
+        "model_name": view["model_name"],
+        "model_from_pretrained_kwargs": view["model_from_pretrained_kwargs"],
+    }
+    if rel is not None:
+        out |= {"repo_id": rel.repo_id, "folder": rel.folder, "revision": loaded.revision,
+                "published": rel.published}  # fmt: skip
+    else:
+        out["source_sha256"] = sha256_files([Path(d.path) / CFG_FILE, Path(d.path) / WEIGHTS_FILE])
+    return out
+
+
+# --- prefetch_saes --------------------------------------------------------------------------------
+def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dict:
+    """Rule prefetch_saes: fetch every configured dictionary of the release into the hub cache
+    (model.hf_cache, else the environment's), check each against the model, write prefetch.json."""
+    SAETrainConfig.from_dict(config["sae"])  # a config given by hand is checked as the schema says
+    info = _model_info(model_json)
+    run = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    hf_cache = config["model"]["hf_cache"]
+    rows = []
+    for d in dictionaries(config):
+        if d.path is not None:
+            raise InputError("sae.pretrained.path: local dictionaries need no prefetch_saes")
+        loaded = load(d, hf_cache, "cpu", offline=None)  # the environment's network setting
+        check_loaded(d, loaded, run)
+        rows.append(describe(d, loaded))
+        del loaded  # one dictionary in memory at a time
+    p = config["sae"]["pretrained"]
+    summary = {
+        "release": p["release"],
+        "sae_id": p["sae_id"],
+        "hub_cache": str(hub_cache_dir(hf_cache)),
+        "dictionaries": rows,
+    }
+    write_json(out, summary)
+    return summary
+
+
+# --- pretrained_sae -------------------------------------------------------------------------------
+@torch.no_grad()
+def firing(model, sae, contexts: torch.Tensor, hook: str, layer: int, keep_bos: bool,
+           bos_token_id: int, counter) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """Which latents fire (non-zero) anywhere on the evaluation positions (BOS left out unless
+    `keep_bos`), and how many positions there were. The model runs only as deep as the hook."""
+    device = next(model.parameters()).device
+    fired = torch.zeros(sae.cfg.d_sae, dtype=torch.bool, device=device)
+    n_pos = 0
+    depth = layer + 1
+    for start in range(0, len(contexts), EVAL_BATCH):
+        toks = contexts[start : start + EVAL_BATCH].to(device)
+        with counter.part("dead_fraction"):
+            _, cache = model.run_with_cache(toks, names_filter=hook, stop_at_layer=depth)
+            counter.forward(len(toks), depth / model.cfg.n_layers)
+        keep = torch.ones_like(toks, dtype=torch.bool) if keep_bos else toks != bos_token_id
+        x = cache[hook][keep].float()
+        fired |= (sae.encode(x.to(sae.dtype)) != 0).any(0)
+        n_pos += x.shape[0]
+    return fired.cpu(), n_pos
+
+
+def evaluate(
+    model, sae, d: Dictionary, contexts: torch.Tensor, exclude_bos: bool, bos_token_id: int
+) -> dict[str, Any]:
+    """The metrics train_sae measures (sae.metrics.evaluate_sae: l0, explained_variance, the
+    spliced CE losses), and dead_fraction from the evaluation tokens, with the passes counted."""
+    from circuitflow.devices import precise_math
+    from circuitflow.perf import PassCounter
+    from circuitflow.sae.metrics import evaluate_sae
+
+    counter = PassCounter()
+    quality = evaluate_sae(
+        model, sae, contexts, exclude_bos=exclude_bos, bos_token_id=bos_token_id,
+        batch_size=EVAL_BATCH, counter=counter,
+    )  # fmt: skip
+    with precise_math():
+        fired, n_pos = firing(model, sae, contexts, d.hook, d.layer, not exclude_bos,
+                              bos_token_id, counter)  # fmt: skip
+    return {
+        **quality,
+        "dead_fraction": (~fired).float().mean().item(),
+        "eval_contexts": len(contexts),
+        "eval_tokens": n_pos,
+        **counter.summary(len(contexts), unit="evaluation context"),
+    }
+
+
+def run(
+    config: dict,
+    site: str,
+    layer: int,
+    model_json: Path | str,
+    tokens_npy: Path | str,
+    tokens_json: Path | str,
+    out_dir: Path | str,
+) -> dict[str, Any]:
+    """Rule pretrained_sae: the dictionary of (site, layer) checked, adapted, written to
+    `out_dir` in SAELens's format and evaluated there; returns the metrics.json it writes.
+    `config` holds device, model, capture.exclude_bos and sae (source, pretrained,
+    eval_contexts)."""
+    from sae_lens import SAE
+
+    from circuitflow import memory
+    from circuitflow.capture.tokens import last_contexts, read_token_set
+    from circuitflow.devices import resolve_device
+    from circuitflow.model.load import load_for_analysis
+
+    t0 = time.perf_counter()
+    cfg = SAETrainConfig.from_dict(config["sae"], device=config["device"])
+    d = dictionary_for(dataclasses.asdict(cfg.pretrained), site, layer)
+    info = _model_info(model_json)
+    run_model = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    tokens, meta = read_token_set(tokens_npy, tokens_json)
+    if meta.get("model_hash") != info["weights_sha256"]:
+        raise InputError(
+            f"{tokens_json}: a token set for another model (its model_hash is not {model_json}'s "
+            "weights_sha256); rerun capture_tokens"
+        )
+    if d.path is not None:  # refused in a second, before the model loads
+        problems = differences(read_local(d.path), d.site, d.layer, run_model)
+        if problems:
+            raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+    device = resolve_device(cfg.device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    loaded = load(d, config["model"]["hf_cache"], device)
+    check_loaded(d, loaded, run_model)
+    model = load_for_analysis(Path(model_json).parent, device)
+    centre, unknown = model_kwargs_effect(loaded.view, model.cfg.normalization_type)
+    if unknown:
+        log.warning(
+            "%s was trained on a model loaded with %s, which the pipeline does not apply; its "
+            "metrics show what that costs", d.label, ", ".join(unknown),
+        )  # fmt: skip
+    if centre:
+        try:
+            fold_centering(loaded.sae)
+        except ValueError as err:
+            raise InputError(f"{d.key}: {d.label}: {err}") from None
+    contexts = last_contexts(tokens, cfg.eval_contexts)
+    exclude_bos = bool(config["capture"]["exclude_bos"])
+    with atomic_dir(out_dir) as tmp:
+        loaded.sae.save_model(tmp)
+        # Evaluated as attribution and interventions will load it, from the written directory.
+        saved = SAE.load_from_disk(tmp, device=device).eval()
+        quality = evaluate(model, saved, d, contexts, exclude_bos, int(meta["bos_token_id"]))
+        metrics = {
+            **quality,
+            "source": "pretrained",
+            "trained": False,
+            "tokens_trained": 0,
+            **describe(d, loaded),
+            "centering_folded": centre,
+            "d_sae": saved.cfg.d_sae,
+            "device": device,
+            "wall_time_s": time.perf_counter() - t0,
+            "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
+            "resumed": False,
+        }
+        write_json(tmp / "metrics.json", metrics)
+    return metrics

@@ -1,0 +1,492 @@
+"""The train_sae_stream stage (`sae.source: stream`): train the SAEs of a group of sites and
+layers from the model's own activations, one stream of forward passes for all of them, resumably.
+
+Steps, as in sae.stage: `resume_state` (the group's newest checkpoint, if made for this config,
+token set and group), `plan` (the SAE batch and the forward batch, from memory where not fixed;
+a resumed run keeps its own), `train` (SAELens's MultiSAETrainer stepping one of our trainers
+per SAE, ControlledSAETrainer or sae.fast's, in lockstep on a sae.stream.ModelActivationStream;
+checkpoints of every SAE and the stream position together, every `checkpoint_every_tokens` and
+on SIGTERM), then each SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`,
+reloaded and measured on the model (`metrics.json`, as train_sae writes it, with the stream's
+counted forward passes). No activation file is read or written.
+
+Checkpoint layout: `{checkpoint_dir}/step_{n}/` (sae.checkpoint) holds one tensor file with
+every member's weights, Adam state, firing statistics and RNG under `{i}/...` (member i, in the
+group's order) and one state.json with each member's trainer state, the stream position, the
+batch sizes, the wall time and the forward passes counted so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sae_lens.training.multi_sae_trainer import MultiSAETrainer
+
+from circuitflow import memory
+from circuitflow.capture.config import CaptureConfig
+from circuitflow.capture.tokens import last_contexts, read_token_set
+from circuitflow.devices import resolve_device
+from circuitflow.errors import InputError
+from circuitflow.io import atomic_dir, write_json
+from circuitflow.perf import PassCounter
+from circuitflow.resumable import Interrupted, sigterm_flag
+from circuitflow.sae import architectures
+from circuitflow.sae.checkpoint import save_checkpoint
+from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.fast import build_trainer
+from circuitflow.sae.metrics import as_hooked_sae_transformer, evaluate_sae
+from circuitflow.sae.plan import SAE_AUTO_MAX_BATCH
+from circuitflow.sae.sparsity import SparsityController, plot_history
+from circuitflow.sae.stage import param_bytes, resume_state
+from circuitflow.sae.stream import ModelActivationStream, StreamLayout
+from circuitflow.sae.stream_plan import StreamEstimate, StreamGroup, buffer_contexts
+from circuitflow.sae.stream_plan import estimate_stream as _estimate_stream
+from circuitflow.sae.trainer import (
+    ControlledSAETrainer,
+    RunClock,
+    dead_window_steps,
+    restore,
+    trainer_config,
+    trainer_state,
+    trainer_tensors,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """What the stream reads: the token set, its training contexts (all but the held-out
+    evaluation contexts at its end) and how rows are cut and stored (the capture settings)."""
+
+    tokens: np.ndarray
+    meta: dict
+    n_train: int  # training contexts, tokens[0 : n_train]
+    skip: int  # 1: BOS left out of the rows
+    dtype: str  # rows stored as (capture.dtype)
+
+    @property
+    def rows_per_context(self) -> int:
+        return int(self.tokens.shape[1]) - self.skip
+
+    @property
+    def n_tokens(self) -> int:
+        """Training rows in one epoch (what trainer_config reads of an activation file)."""
+        return self.n_train * self.rows_per_context
+
+
+def stream_source(tokens: np.ndarray, meta: dict, capture: CaptureConfig) -> StreamSource:
+    """The token set as the stream reads it; InputError when it holds no training context."""
+    held_out = int(meta.get("held_out_contexts", 0))
+    n_train = len(tokens) - held_out
+    if n_train < 1:
+        raise InputError(
+            f"token set of {len(tokens)} contexts holds no training context besides its "
+            f"{held_out} evaluation contexts; rerun capture_tokens"
+        )
+    skip = 1 if capture.exclude_bos else 0
+    return StreamSource(tokens, meta, n_train, skip, capture.dtype)
+
+
+def fingerprint(cfg: SAETrainConfig, src: StreamSource, hooks: list[str], layout) -> str:
+    """What the checkpoint's weights depend on: the SAE config (less the keys that change no
+    weight), the model and token set, the group's hooks and the stream's layout and dtype."""
+    relevant = {
+        k: v
+        for k, v in cfg.to_dict().items()
+        if k not in ("checkpoint_every_tokens", "eval_contexts", "device", "stream", "pretrained")
+    }
+    blob = json.dumps(
+        [relevant, src.meta["model_hash"], src.meta["token_set_hash"], hooks,
+         dataclasses.asdict(layout), src.dtype, src.skip],
+        sort_keys=True,
+    )  # fmt: skip
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --- plan -----------------------------------------------------------------------------------------
+@dataclass
+class StreamPlan:
+    batch_size: int
+    batch_contexts: int
+    layout: StreamLayout
+    estimate: StreamEstimate
+
+
+def estimate(model, cfg: SAETrainConfig, src: StreamSource, n_saes: int, stop_at: int,
+             buffer_rows: int, device: str, batch_size: int) -> StreamEstimate:  # fmt: skip
+    n_params = sum(p.numel() for p in model.parameters())
+    d_sae = cfg.d_sae or cfg.expansion_factor * model.cfg.d_model
+    return _estimate_stream(
+        model.cfg, n_params, next(model.parameters()).dtype, int(src.tokens.shape[1]), stop_at,
+        d_sae, cfg.architecture, n_saes, buffer_rows, src.dtype, device, batch_size,
+        cfg.uses_fast_trainer(), token_bytes=src.tokens.nbytes,
+    )  # fmt: skip
+
+
+def plan(
+    cfg: SAETrainConfig,
+    capture: CaptureConfig,
+    src: StreamSource,
+    group: StreamGroup,
+    model,
+    device: str,
+    state: dict | None,
+) -> StreamPlan:
+    """The batch sizes: a resumed run keeps its own; `sae.batch_size: auto` and
+    `sae.stream.batch_contexts: null` are planned from the device's free memory (the model,
+    loaded already, added back), the SAE batch first."""
+    layout = plan_layout(cfg, src)
+    n_buffer = layout.buffer_contexts
+    rows = layout.group_rows
+    state = state or {}
+    available = memory.available_bytes(device) + param_bytes(model)
+    batch = state.get("batch_size") or cfg.batch_size
+    if batch == "auto":
+        most = min(SAE_AUTO_MAX_BATCH, cfg.total_tokens)
+        est = estimate(model, cfg, src, len(group.members), group.depth, rows, device, most)
+        found = memory.plan_batch_size(est.train, most, available=available)
+        log.info("sae.batch_size auto: %s", found.describe())
+        batch = found.batch_size
+    est = estimate(model, cfg, src, len(group.members), group.depth, rows, device, int(batch))
+    contexts = state.get("batch_contexts") or cfg.stream.batch_contexts
+    if contexts is None:
+        most = min(capture.max_batch_size, n_buffer)
+        found = memory.plan_batch_size(est.forward, most, capture.memory_fraction, available)
+        log.info("sae.stream.batch_contexts: %s", found.describe())
+        contexts = found.batch_size
+    return StreamPlan(int(batch), int(contexts), layout, est)
+
+
+# --- train ----------------------------------------------------------------------------------------
+class GroupTrainer(MultiSAETrainer):
+    """SAELens's MultiSAETrainer (lockstep steps on one multi-hook stream, sparsity windows,
+    activation scaling and final metadata through SAETrainer's public seams) with our trainers
+    in place of its per-SAE SAETrainers, so the L0 controller, the out-of-memory back-off and
+    the fast trainer work as in train_sae, and with its checkpoint hook, which it calls after
+    every step of every SAE, replaced by `after_step` (our checkpoints and SIGTERM)."""
+
+    def __init__(self, cfg, trainers: dict[str, ControlledSAETrainer], data_provider, after_step):
+        super().__init__(
+            cfg=cfg,
+            saes={name: tr.sae for name, tr in trainers.items()},
+            hook_names={name: name for name in trainers},
+            data_provider=data_provider,
+        )
+        self.trainers = trainers
+        self.after_step = after_step
+
+    def _checkpoint_if_needed(self) -> None:
+        self.after_step(self)
+
+    @torch.no_grad()
+    def _estimate_scaling_factors(self) -> None:
+        """`normalize_activations: expected_average_only_in`: each SAE's scaling factor from the
+        same `n_batches_for_norm_estimate` batches, with ActivationScaler's arithmetic, one
+        batch at a time: SAELens's coordinator holds them all at once (100 batches of every
+        hook: 15 GB for 12 GPT-2 layers at batch 4096). The stream is then sought back to
+        where the estimate started (ModelActivationStream.seek, which keeps the buffer in
+        hand), so training starts at the stream's first row and trains on `sae.total_tokens`
+        distinct tokens where the token set holds them. A resumed run keeps its factors."""
+        needs = [
+            name
+            for name, tr in self.trainers.items()
+            if tr.sae.cfg.normalize_activations == "expected_average_only_in"
+            and tr.activation_scaler.scaling_factor is None
+        ]
+        if not needs:
+            return
+        sums = dict.fromkeys(needs, 0.0)
+        count = 0
+        start = self.data_provider.position
+        for _ in range(self.cfg.n_batches_for_norm_estimate):
+            batch = next(self.data_provider)
+            for name in needs:
+                norms = batch[self.hook_names[name]].norm(dim=-1)
+                sums[name] += norms.float().sum().item()
+            count += len(batch[self.hook_names[needs[0]]])
+        self.data_provider.seek(start)
+        for name in needs:
+            d_in = self.trainers[name].sae.cfg.d_in
+            self.trainers[name].activation_scaler.scaling_factor = d_in**0.5 / (sums[name] / count)
+
+
+@dataclass
+class GroupRun:
+    trainer: GroupTrainer
+    controllers: dict[str, SparsityController | None]
+    stream: ModelActivationStream
+    tokens_at_start: int
+    session_s: float
+    clock: RunClock
+    counter: PassCounter  # the stream's forward passes, every session's
+
+
+def group_tensors(trainers: dict[str, ControlledSAETrainer]) -> dict[str, torch.Tensor]:
+    return {f"{i}/{k}": v for i, tr in enumerate(trainers.values())
+            for k, v in trainer_tensors(tr).items()}  # fmt: skip
+
+
+def member_tensors(tensors: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    prefix = f"{i}/"
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def train(
+    cfg: SAETrainConfig,
+    src: StreamSource,
+    group: StreamGroup,
+    p: StreamPlan,
+    model,
+    device: str,
+    ckpt_root: Path,
+    fp: str,
+    state: dict | None,
+    tensors: dict[str, torch.Tensor],
+) -> GroupRun:
+    """Train every SAE of `group` to `cfg.total_tokens`, from the checkpoint `state` when
+    given; checkpoints every `checkpoint_every_tokens`, and on SIGTERM at the next step, then
+    raises Interrupted."""
+    cfg = dataclasses.replace(cfg, batch_size=p.batch_size)
+    trainer_cfg = trainer_config(cfg, src, device)
+    coefficient = architectures.get(cfg.architecture).controlled_coefficient
+    counter = PassCounter()
+    if state:
+        counter.parts = dict(state["forward_equivalents"])
+    stream = ModelActivationStream(
+        model, src.tokens, group.hooks, p.layout, p.batch_size, p.batch_contexts, group.depth,
+        skip=src.skip, dtype=src.dtype, position=state["data_position"] if state else 0,
+        counter=counter,
+    )  # fmt: skip
+    trainers: dict[str, ControlledSAETrainer] = {}
+    controllers: dict[str, SparsityController | None] = {}
+    for hook in group.hooks:
+        torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
+        sae = architectures.build_training_sae(cfg, model.cfg.d_model, hook, device)
+        controllers[hook] = (
+            SparsityController(cfg.target_l0, cfg.l1_coefficient, cfg.controller)
+            if coefficient
+            else None
+        )
+        trainers[hook] = build_trainer(cfg, trainer_cfg, sae, iter(()), controllers[hook])
+    clock = RunClock()
+    last_ckpt = state["n_training_samples"] if state else 0
+
+    with sigterm_flag() as stop:
+
+        def after_step(gt: GroupTrainer) -> None:
+            nonlocal last_ckpt
+            done = gt.n_training_samples >= trainer_cfg.total_training_samples
+            due = gt.n_training_samples - last_ckpt >= cfg.checkpoint_every_tokens
+            if stop.requested or (due and not done):
+                save_checkpoint(
+                    ckpt_root,
+                    gt.n_training_steps + 1,
+                    group_tensors(gt.trainers),
+                    {
+                        "fingerprint": fp,
+                        "members": [
+                            trainer_state(tr, stream, clock, fp) for tr in gt.trainers.values()
+                        ],
+                        # Saved before fit() increments the step counter.
+                        "n_training_steps": gt.n_training_steps + 1,
+                        "n_training_samples": gt.n_training_samples,
+                        "data_position": stream.position,
+                        "batch_size": p.batch_size,
+                        "batch_contexts": stream.batch_contexts,
+                        "wall_time_s": clock.elapsed(),
+                        "forward_equivalents": counter.parts,
+                    },
+                )
+                last_ckpt = gt.n_training_samples
+                if stop.requested:
+                    raise Interrupted(
+                        f"SIGTERM: checkpointed at {gt.n_training_samples} tokens in {ckpt_root}"
+                    )
+
+        group_trainer = GroupTrainer(trainer_cfg, trainers, stream, after_step)
+        if state is not None:
+            for i, tr in enumerate(trainers.values()):
+                restore(tr, member_tensors(tensors, i), state["members"][i])
+            group_trainer.n_training_steps = state["n_training_steps"]
+            group_trainer.n_training_samples = state["n_training_samples"]
+            clock.elapsed_before = state["wall_time_s"]
+        tokens_at_start = group_trainer.n_training_samples
+        if torch.device(device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            group_trainer.fit()
+        finally:
+            stream.close()
+    return GroupRun(
+        group_trainer, controllers, stream, tokens_at_start, time.perf_counter() - t0, clock,
+        counter,
+    )  # fmt: skip
+
+
+# --- summarise and write --------------------------------------------------------------------------
+def summarise(
+    run: GroupRun,
+    hook: str,
+    member: tuple[str, int],
+    saved_sae,
+    cfg: SAETrainConfig,
+    src: StreamSource,
+    p: StreamPlan,
+    group: StreamGroup,
+    device: str,
+    hooked,
+) -> dict[str, Any]:
+    """metrics.json of one member: as train_sae writes it (the SAE measured on the model, on
+    the token set's held-out last `eval_contexts` contexts), with `source: stream` and the
+    stream's counted forward passes (`stream`, the same for every member of the job)."""
+    tr = run.trainer.trainers[hook]
+    since_fired = tr.n_forward_passes_since_fired
+    window = min(dead_window_steps(dataclasses.replace(cfg, batch_size=p.batch_size)),
+                 tr.n_training_steps)  # fmt: skip
+    contexts = last_contexts(src.tokens, cfg.eval_contexts)
+    counter = PassCounter()  # the evaluation's model passes
+    quality = evaluate_sae(
+        hooked,
+        saved_sae,
+        contexts,
+        exclude_bos=bool(src.skip),
+        bos_token_id=int(src.meta["bos_token_id"]),
+        counter=counter,
+    )
+    controller = run.controllers[hook]
+    history = controller.state.history if controller else []
+    trained = tr.n_training_samples
+    contexts_trained = trained / src.rows_per_context
+    planned = p.estimate.total(p.batch_size, p.batch_contexts)
+    planned += 0 if device.startswith("cuda") else memory.runtime_bytes("model")
+    return {
+        **quality,
+        "dead_fraction": (since_fired >= window).float().mean().item(),
+        "tokens_trained": trained,
+        "wall_time_s": run.clock.elapsed(),
+        "tokens_per_s": (trained - run.tokens_at_start) / run.session_s,
+        "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
+        "planned_memory_mb": planned / memory.MiB,
+        "architecture": cfg.architecture,
+        "d_in": int(saved_sae.cfg.d_in),
+        "d_sae": saved_sae.cfg.d_sae,
+        "hook_name": hook,
+        "layer": member[1],
+        "site": member[0],
+        "device": device,
+        "resumed": run.tokens_at_start > 0,
+        "sparsity_coefficient": architectures.get(cfg.architecture).controlled_coefficient,
+        "controller_history": [
+            {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
+        ],
+        "config": dataclasses.replace(cfg, batch_size=p.batch_size).to_dict(),
+        **counter.summary(len(contexts), unit="evaluation context"),
+        "source": "stream",
+        "stream": {
+            "members": group.hooks,
+            "stop_at_layer": group.depth,
+            "forward_equivalents": run.counter.total(),
+            "forward_equivalents_per_context": run.counter.total() / max(contexts_trained, 1),
+            "contexts_trained": contexts_trained,
+            "contexts_forwarded": round(run.counter.total() * hooked.cfg.n_layers / group.depth),
+            "training_contexts": src.n_train,
+            "epochs": trained / src.n_tokens,
+            "buffer_contexts": p.layout.buffer_contexts,
+            "batch_contexts": run.stream.batch_contexts,
+            "batch_size": p.batch_size,
+            "activation_bytes_written": 0,
+        },
+    }
+
+
+def train_stream_group(
+    tokens: np.ndarray,
+    meta: dict,
+    members: list[tuple[str, int]],
+    outs: list[Path | str],
+    cfg: SAETrainConfig,
+    capture: CaptureConfig,
+    model,
+    checkpoint_dir: Path | str,
+) -> dict[str, dict[str, Any]]:
+    """Train, save and evaluate the SAE of every (site, layer) in `members` into the matching
+    directory of `outs`; return each one's metrics by hook name. Resumes from the newest
+    checkpoint in `checkpoint_dir`; on SIGTERM checkpoints at the next step and raises
+    resumable.Interrupted."""
+    from sae_lens import SAE
+
+    if len(members) != len(outs):
+        raise ValueError(f"{len(members)} members for {len(outs)} output directories")
+    group = StreamGroup(tuple(members))
+    ckpt_root = Path(checkpoint_dir)
+    device = resolve_device(cfg.device)
+    src = stream_source(tokens, meta, capture)
+    probe = plan_layout(cfg, src)
+    fp = fingerprint(cfg, src, group.hooks, probe)
+    state, tensors = resume_state(ckpt_root, fp)
+    p = plan(cfg, capture, src, group, model, device, state)
+    run = train(cfg, src, group, p, model, device, ckpt_root, fp, state, tensors)
+    hooked = as_hooked_sae_transformer(model)  # one copy for every member's evaluation
+    results = {}
+    for hook, member, out in zip(group.hooks, members, outs, strict=True):
+        # Save, reload from disk and evaluate the artifact exactly as downstream stages see it.
+        with atomic_dir(out) as tmp:
+            run.trainer.trainers[hook].sae.save_inference_model(tmp)
+            saved = SAE.load_from_disk(tmp, device=device)
+            metrics = summarise(run, hook, member, saved, cfg, src, p, group, device, hooked)
+            write_json(tmp / "metrics.json", metrics)
+            if metrics["controller_history"]:
+                plot_history(
+                    run.controllers[hook].state.history,
+                    cfg.target_l0,
+                    metrics["sparsity_coefficient"],
+                    tmp / "sparsity_control.png",
+                )
+        results[hook] = metrics
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    return results
+
+
+def plan_layout(cfg: SAETrainConfig, src: StreamSource) -> StreamLayout:
+    n_buffer = min(
+        buffer_contexts(cfg.shuffle_buffer_tokens, int(src.tokens.shape[1]), bool(src.skip)),
+        src.n_train,
+    )
+    return StreamLayout(src.n_train, src.rows_per_context, n_buffer, cfg.seed)
+
+
+def run(
+    config: dict,
+    model_json: Path | str,
+    tokens_npy: Path | str,
+    tokens_json: Path | str,
+    members: list[tuple[str, int]],
+    outs: list[Path | str],
+    checkpoint_dir: Path | str,
+) -> dict[str, dict[str, Any]]:
+    """The stage: `config` holds the sae and capture sections, the model, seed and device."""
+    from circuitflow.model.load import load_model, read_model_json
+
+    cfg = SAETrainConfig.from_config(config)
+    capture = CaptureConfig.from_dict(config["capture"])
+    tokens, meta = read_token_set(tokens_npy, tokens_json)  # refused before the model loads
+    info = read_model_json(Path(model_json).parent)
+    if meta.get("model_hash") != info["weights_sha256"]:
+        raise InputError(f"{tokens_json}: the token set was built for another model; rerun "
+                         "capture_tokens")  # fmt: skip
+    model = load_model(
+        Path(model_json).parent, resolve_device(cfg.device), config["model"]["dtype"]
+    )
+    return train_stream_group(tokens, meta, members, outs, cfg, capture, model, checkpoint_dir)
