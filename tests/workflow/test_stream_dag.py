@@ -23,6 +23,8 @@ SAE = {"source": "stream", "stream": {"layers_per_job": 2}}
 def stream_run(tmp_path_factory):
     config = load_test_config("tiny")
     config["sae"] |= SAE
+    # One behaviour: what these tests check is per SAE, not per behaviour (suite time).
+    config["behaviours"] = {"induction": config["behaviours"]["induction"]}
     workdir = tmp_path_factory.mktemp("stream-run")
     run_snakemake(config, workdir)
     return workdir, config
