@@ -57,6 +57,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads 
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from sae_train import device_info  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
 
 from circuitflow import perf  # noqa: E402
 from circuitflow.capture.config import CaptureConfig  # noqa: E402
@@ -188,33 +189,6 @@ def held_out_rows(model, tokens, args) -> dict[str, torch.Tensor]:
     return {h: cache[h][:, 1:].reshape(-1, model.cfg.d_model).half().float() for h in hooks}
 
 
-def device_info(device: str) -> dict:
-    import platform
-
-    import sae_lens
-
-    info = {
-        "device": device,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "sae_lens": sae_lens.__version__,
-        "cpu": platform.processor() or platform.machine(),
-    }
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    else:
-        info["gpu"] = None
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        info["load_average"] = os.getloadavg()
-    return info
-
-
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -298,7 +272,7 @@ def main() -> None:
         "benchmark": "sae_stream",
         "command": "python benchmarks/sae_stream.py " + " ".join(sys.argv[1:]),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": device_info(args.device),
+        "machine": {"gpu": None} | device_info(args.device),
         "note": None if args.device.startswith("cuda") else NO_GPU,
         "dimensions": {
             "model": "gpt2-small architecture, random weights (seed 0)",
