@@ -32,6 +32,7 @@ rule all:
         provenance_outputs(),
         capture_outputs(),
         sae_outputs(),
+        replacement_outputs(),
         attribution_outputs(),
         interventions_outputs(),
         report_outputs(),

@@ -129,8 +129,8 @@ def run_capture_then_train(model, tokens, meta, n_train, args, tmp: Path) -> Pat
     saes = {}
     for (_, layer), path in sorted(targets.items()):
         info = read_activation_info(path)
-        run = sae_stage.train(cfg, info, args.device, tmp / f"ck{layer}", fingerprint(cfg, info),
-                              None, {})  # fmt: skip
+        run = sae_stage.train(cfg, sae_stage.Inputs(info), args.device, tmp / f"ck{layer}",
+                              fingerprint(cfg, info), None, {})  # fmt: skip
         saes[info.hook_name] = run.trainer.sae
     t2 = time.perf_counter()
     written = sum(p.stat().st_size for p in targets.values())

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train one SAE on one layer's activations (rule train_sae); resumes from --checkpoint-dir.
+"""Train one SAE on one layer's activations, or one transcoder on a layer's MLP input and output
+(rule train_sae); resumes from --checkpoint-dir.
 
 Exit status: 0 done; 2 bad config or unusable input (incomplete activation file, corrupt
 checkpoint); 3 out of memory; 75 stopped by SIGTERM after checkpointing (rerun to resume)."""
@@ -11,7 +12,13 @@ from circuitflow.sae import stage
 def run() -> None:
     parser = cli.parser(__doc__)
     cli.add_inputs(parser, "config")
-    parser.add_argument("--activations", required=True, help="activations/{site}/layer_N.h5")
+    parser.add_argument(
+        "--activations",
+        required=True,
+        nargs="+",
+        help="activations/{site}/layer_N.h5; a transcoder: activations/mlp_in/layer_N.h5 and "
+        "activations/mlp_out/layer_N.h5",
+    )
     cli.add_inputs(parser, "model-json")
     parser.add_argument("--out", required=True, help="output directory saes/{site}/layer_N")
     parser.add_argument(
@@ -20,7 +27,7 @@ def run() -> None:
     args, config = cli.parse(parser)
     metrics = stage.run(config, args.activations, args.model_json, args.out, args.checkpoint_dir)
     print(
-        f"train_sae: {args.out}: l0={metrics['l0']:.2f} "
+        f"train_sae: {args.out}: {metrics['kind']} l0={metrics['l0']:.2f} "
         f"explained_variance={metrics['explained_variance']:.3f} "
         f"ce_loss_recovered={metrics['ce_loss_recovered']} "
         f"dead_fraction={metrics['dead_fraction']:.3f} tokens_per_s={metrics['tokens_per_s']:.0f}"

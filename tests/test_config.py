@@ -61,6 +61,14 @@ BAD_CONFIGS = {
         ["behaviours.x.path", "no/such.csv", "does not exist"],
     ),
     "bad dtype": ({"model": {"dtype": "float8"}}, ["model.dtype", "float8", "bfloat16"]),
+    "transcoders at a residual site": (
+        {"sae": {"kind": "transcoder"}},
+        ["sites: ['resid_post'] with sae.kind transcoder", "set sites: [mlp_out]"],
+    ),
+    "streamed transcoders": (
+        {"sites": ["mlp_out"], "sae": {"kind": "transcoder", "source": "stream"}},
+        ["sae.source: 'stream' with sae.kind transcoder", "use sae.source capture"],
+    ),
     "bad device": ({"device": "tpu"}, ["device", "tpu", "cuda"]),
     "negative count": (
         {"behaviours": {"x": {"source": "facts", "n_prompts": 0}}},

@@ -22,6 +22,7 @@ CASES = {
     ("sae_train", "batchtopk"),
     ("sae_train", "topk saelens"),
     ("sae_train", "standard"),
+    ("sae_train", "topk transcoder"),  # mlp_in and mlp_out read in lockstep
     ("sae_stream", "gpt2-small"),  # two layers' SAEs from one stream of forward passes
     ("attribution", "gpt2-small atp"),
     ("attribution", "qwen2.5-0.5b atp"),

@@ -296,6 +296,30 @@ def model_dims(config: dict) -> dict[str, int]:
     return {name: value for name, value in dims.items() if value is not None}
 
 
+def check_transcoders(config: dict) -> None:
+    """sae.kind transcoder: one transcoder per layer, from mlp_in to mlp_out."""
+    sae = config["sae"]
+    if sae["kind"] != "transcoder":
+        return
+    if config["sites"] != ["mlp_out"]:
+        raise ConfigError(
+            f"sites: {config['sites']} with sae.kind transcoder; a transcoder predicts a layer's "
+            "MLP output from its input: set sites: [mlp_out]"
+        )
+    if sae["source"] != "capture":
+        raise ConfigError(
+            f"sae.source: {sae['source']!r} with sae.kind transcoder; transcoders are trained "
+            "from captured activations: use sae.source capture"
+        )
+
+
+def capture_sites(config: dict) -> list[str]:
+    """The sites capture writes: `sites`, and for transcoders their input, mlp_in, too (one
+    forward pass writes both)."""
+    extra = ["mlp_in"] if config["sae"]["kind"] == "transcoder" else []
+    return [*extra, *(s for s in config["sites"] if s not in extra)]
+
+
 def check_cross_fields(config: dict) -> None:
     """Values that are each valid alone but cannot work together, refused before any job runs
     (each would otherwise fail inside a job, minutes or hours in)."""
@@ -321,6 +345,7 @@ def check_cross_fields(config: dict) -> None:
         raise ConfigError(
             f"sae.target_l0: {sae['target_l0']} must be below the SAE's width ({where} = {d_sae})"
         )
+    check_transcoders(config)
     batch = sae["batch_size"]
     if batch != "auto" and batch > sae["total_tokens"]:
         raise ConfigError(

@@ -12,30 +12,41 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_in", "mlp_out")
 # Where a site sits inside its layer's forward pass (resid_pre before the heads, resid_post last).
 SITE_ORDER = {
     "resid_pre": 0.0,
     "attn_out": 0.4,
     "resid_mid": 0.5,
+    "mlp_in": 0.6,
     "mlp_out": 0.9,
     "resid_post": 1.0,
 }
+# mlp_in is the normalised residual the MLP reads, before the norm's weight and bias (which
+# fold_ln folds into the MLP; affine, so a transcoder's encoder absorbs them otherwise). It is a
+# transcoder's input, as in SAELens's and circuit-tracer's transcoder configs; TransformerLens's
+# `hook_mlp_in` is the residual before the norm, and off by default.
+_MLP_IN = "ln2.hook_normalized"
 EMBED_HOOK = "hook_embed"
 KINDS = ("embedding", "head", "mlp", "feature", "error")
 
 
 def hook_name(site: str, layer: int) -> str:
-    """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}."""
+    """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}, and for mlp_in
+    blocks.{layer}.ln2.hook_normalized."""
     if site not in SITES:
         raise ValueError(f"sites: {site!r} is not allowed; allowed values: {', '.join(SITES)}")
+    if site == "mlp_in":
+        return f"blocks.{int(layer)}.{_MLP_IN}"
     return f"blocks.{int(layer)}.hook_{site}"
 
 
 def site_layer(hook: str) -> tuple[str, int]:
-    """(site, layer) of `blocks.{layer}.hook_{site}`: the inverse of hook_name."""
+    """(site, layer) of a hook_name: the inverse of hook_name."""
+    if m := re.fullmatch(rf"blocks\.(\d+)\.{re.escape(_MLP_IN)}", hook):
+        return "mlp_in", int(m[1])
     m = re.fullmatch(r"blocks\.(\d+)\.hook_(\w+)", hook)
-    if not m or m[2] not in SITES:
+    if not m or m[2] not in SITES or m[2] == "mlp_in":  # hook_mlp_in is not site mlp_in
         raise ValueError(f"{hook!r} is not a hook site name (blocks.<layer>.hook_<site>)")
     return m[2], int(m[1])
 

@@ -77,6 +77,7 @@ RULES = {
     "capture_shard": Rule("gpu", "model", capture_plan, resumable=True),
     "merge_capture": Rule("cpu", "base"),
     "train_sae": Rule("gpu", "model", sae_plan, resumable=True),
+    "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
     # sae.source stream: one rule per group of sites and layers (stream_groups.stream_groups)
     "train_sae_stream": Rule("gpu", "model", stream_plan, resumable=True),
     "prefetch_saes": Rule("cpu", "model", pretrained_plan),  # a localrule: the login node

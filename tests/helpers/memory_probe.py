@@ -62,39 +62,48 @@ def capture(arch: str, tmp: Path) -> None:
 
 def sae(case: str, tmp: Path) -> None:
     """`case`: an architecture, trained as the stage does (`sae.trainer: auto`), or
-    "{architecture} saelens" for SAELens's trainer."""
+    "{architecture} saelens" for SAELens's trainer, or "{architecture} transcoder" for a
+    transcoder (two files read in lockstep)."""
     from circuitflow.capture.files import read_activation_info, write_activation_file
     from circuitflow.sae.architectures import build_training_sae
     from circuitflow.sae.config import SAETrainConfig
-    from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
+    from circuitflow.sae.data import ActivationStreamConfig
     from circuitflow.sae.fast import build_trainer
-    from circuitflow.sae.stage import memory_estimate
+    from circuitflow.sae.stage import Inputs, memory_estimate
     from circuitflow.sae.trainer import trainer_config
 
     d_in, rows, batch = 128, 8192, 2048
-    path = tmp / "acts.h5"
-    if not path.exists():
-        acts = np.random.default_rng(0).standard_normal((rows, d_in)).astype(np.float16)
-        attrs = {"hook_name": "blocks.0.hook_resid_post", "layer": 0, "site": "resid_post",
-                 "model_hash": "m", "token_set_hash": "t", "context_length": 129,
-                 "bos_excluded": True, "bos_token_id": 0}  # fmt: skip
-        write_activation_file(path, acts, np.zeros(rows, np.int32), attrs, chunk_rows=512)
-    info = read_activation_info(path)
+    infos = []
+    for i, site in enumerate(("resid_post", "mlp_out")):
+        path = tmp / f"{site}.h5"
+        if not path.exists():
+            acts = np.random.default_rng(i).standard_normal((rows, d_in)).astype(np.float16)
+            attrs = {"hook_name": f"blocks.0.hook_{site}", "layer": 0, "site": site,
+                     "model_hash": "m", "token_set_hash": "t", "context_length": 129,
+                     "bos_excluded": True, "bos_token_id": 0}  # fmt: skip
+            write_activation_file(path, acts, np.zeros(rows, np.int32), attrs, chunk_rows=512)
+        infos.append(read_activation_info(path))
+    info = infos[0]
     # A one-step dead window and k=1 (fewer firings than latents): latents are dead from the
     # first step on, so TopK's auxiliary loss runs, as it does in real training.
-    architecture, _, trainer = case.partition(" ")
+    architecture, _, variant = case.partition(" ")
+    transcoder = variant == "transcoder"
     cfg = SAETrainConfig(
         architecture=architecture, d_sae=4096, k=1, batch_size=batch, total_tokens=3 * batch,
         dead_window_tokens=batch, shuffle_buffer_tokens=4096, device="cpu",
-        trainer=trainer or "auto",
+        trainer="auto" if transcoder else variant or "auto",
+        kind="transcoder" if transcoder else "sae",
     )  # fmt: skip
     tcfg = trainer_config(cfg, info, "cpu")
     stream_cfg = ActivationStreamConfig(batch_size=batch, shuffle_buffer_tokens=4096)
+    inputs = Inputs(info, infos[1] if transcoder else None)
+    hook_out = infos[1].hook_name if transcoder else ""
     with memory.PeakMeter("cpu") as meter:
-        with ActivationStream(info, stream_cfg) as stream:
-            model = build_training_sae(cfg, d_in, info.hook_name, "cpu")
-            build_trainer(cfg, tcfg, model, stream).fit()
-            del model
+        stream = inputs.stream(stream_cfg, 0)
+        model = build_training_sae(cfg, d_in, info.hook_name, "cpu", hook_out)
+        build_trainer(cfg, tcfg, model, stream).fit()
+        stream.close()
+        del model
     emit("sae_train", case, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
 
 
@@ -171,7 +180,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arch in architectures.ARCHITECTURES:
             capture(arch, Path(tmp))
-        for case in ("topk", "batchtopk", "topk saelens", "standard"):
+        for case in ("topk", "batchtopk", "topk saelens", "standard", "topk transcoder"):
             sae(case, Path(tmp))
     stream("gpt2-small")
     for arch in architectures.ARCHITECTURES:

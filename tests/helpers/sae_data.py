@@ -9,6 +9,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuitflow.capture.files import write_activation_file
+from circuitflow.nodes import hook_name
 
 D_MODEL = 32
 CONTEXT_LENGTH = 17  # incl. BOS
@@ -72,8 +73,9 @@ def write_capture(
     complete: bool = True,
     dtype: str = "float16",
 ) -> Path:
-    """Capture ``blocks.{layer}.hook_{site}`` with run_with_cache, BOS excluded, as capture does."""
-    hook = f"blocks.{layer}.hook_{site}"
+    """Capture `site` at `layer` (nodes.hook_name) with run_with_cache, BOS excluded, as
+    capture does."""
+    hook = hook_name(site, layer)
     ctx = contexts(n_contexts)
     with torch.no_grad():
         _, cache = model.run_with_cache(ctx, names_filter=hook)

@@ -42,6 +42,8 @@ FAST_CFG = {
     "dead_window_tokens": 2048,
     "eval_contexts": 8,
 }
+# A transcoder (sae.kind transcoder) on the fast trainer: two files read in one order, resumed.
+TRANSCODER_CFG = FAST_CFG | {"kind": "transcoder"}
 
 RUNNER = f"""
 import sys, json, torch
@@ -52,7 +54,7 @@ from circuitflow.errors import EXIT_CHECKPOINTED
 from circuitflow.resumable import Interrupted
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.stage import train_sae
-acts, out = sys.argv[1], sys.argv[2]
+acts, out = json.loads(sys.argv[1]), sys.argv[2]
 try:
     train_sae(acts, out, SAETrainConfig.from_dict(json.loads(sys.argv[3])), tiny_model())
 except Interrupted as exc:
@@ -72,17 +74,25 @@ def _run(args: list[str]) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("config", [CFG, FAST_CFG], ids=["saelens-standard", "fast-topk"])
+@pytest.mark.parametrize(
+    "config",
+    [CFG, FAST_CFG, TRANSCODER_CFG],
+    ids=["saelens-standard", "fast-topk", "fast-topk-transcoder"],
+)
 def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path, config):
     import json
 
     model = tiny_model()
-    acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=128)
+    sites = ["mlp_in", "mlp_out"] if config.get("kind") == "transcoder" else ["resid_post"]
+    acts = [
+        str(write_capture(model, tmp_path / site / "layer_0.h5", n_contexts=128, site=site))
+        for site in sites
+    ]
     ref = train_sae(acts, tmp_path / "ref", SAETrainConfig.from_dict(config), model)
 
     out = tmp_path / "run"
     ckpt_root = out.with_name("run.ckpt")
-    proc = _run([str(acts), str(out), json.dumps(config)])
+    proc = _run([json.dumps(acts), str(out), json.dumps(config)])
     deadline = time.time() + 120
     while not list_checkpoints(ckpt_root) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -95,7 +105,7 @@ def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path, config):
     _, state = load_checkpoint(list_checkpoints(ckpt_root)[-1])
     assert 0 < state["n_training_samples"] < config["total_tokens"]
 
-    proc = _run([str(acts), str(out), json.dumps(config)])
+    proc = _run([json.dumps(acts), str(out), json.dumps(config)])
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert not ckpt_root.exists()

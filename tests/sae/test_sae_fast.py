@@ -154,7 +154,7 @@ def test_saved_sae_reproduces_the_fast_path_in_saelens(tmp_path):
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=64)
     info = read_activation_info(acts)
     cfg = SAETrainConfig(total_tokens=20_000, batch_size=256, k=K, dead_window_tokens=1024)
-    run = stage.train(cfg, info, "cpu", tmp_path / "ckpt", "fp", None, {})
+    run = stage.train(cfg, stage.Inputs(info), "cpu", tmp_path / "ckpt", "fp", None, {})
     assert isinstance(run.trainer, SparseTopKTrainer)
     trained = run.trainer.sae  # the scaling factor is folded in: it takes raw activations
     trained.save_inference_model(tmp_path / "sae")

@@ -87,7 +87,7 @@ if SAE_SOURCE == "capture" and SHARDS == 1:
         resources:
             **job_resources("capture"),
         params:
-            cfg=config_json("seed", "device", "model", "layers", "sites", "capture"),
+            cfg=capture_config_json(),
             out_dir=lambda wc, output: Path(output[0]).parent.parent,
             shard=0,
         shell:
@@ -104,7 +104,7 @@ elif SAE_SOURCE == "capture":
             temp(
                 expand(
                     f"{ACTS}/shards/{{{{shard}}}}/{{site}}/layer_{{layer}}.h5",
-                    site=SITES,
+                    site=CAPTURE_SITES,
                     layer=LAYERS,
                 )
             ),
@@ -120,7 +120,7 @@ elif SAE_SOURCE == "capture":
         resources:
             **job_resources("capture_shard"),
         params:
-            cfg=config_json("seed", "device", "model", "layers", "sites", "capture"),
+            cfg=capture_config_json(),
             out_dir=lambda wc, output: Path(output[0]).parent.parent,
             shard=lambda wc: wc.shard,
         shell:

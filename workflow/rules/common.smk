@@ -46,12 +46,15 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 BEHAVIOURS = sorted(config["behaviours"])
 LAYERS = config["layers"]
 SITES = config["sites"]
+# What capture writes: SITES, and for transcoders (sae.kind transcoder) their input, mlp_in.
+CAPTURE_SITES = cf_config.capture_sites(config)
+TRANSCODERS = config["sae"]["kind"] == "transcoder"
 
 
 wildcard_constraints:
     behaviour="|".join(BEHAVIOURS),
     layer=r"\d+",
-    site="|".join(SITES),
+    site="|".join(CAPTURE_SITES),
 
 
 def config_json(*keys):
@@ -79,6 +82,13 @@ def tokens_config_json():
         key: config["sae"][key] for key in ("source", "total_tokens", "eval_contexts")
     }
     return json_param(cfg)
+
+
+def capture_config_json():
+    """What capture reads: the seed, device, model, layers and capture sections, and the sites
+    it writes (CAPTURE_SITES)."""
+    cfg = cf_config.section(config, "seed", "device", "model", "layers", "capture")
+    return json_param(cfg | {"sites": CAPTURE_SITES})
 
 
 def stream_config_json():
@@ -136,12 +146,26 @@ def capture_outputs():
     if SAE_SOURCE != "capture":
         return []
     return expand(
-        f"{OUT}/activations/{{site}}/layer_{{layer}}.h5", site=SITES, layer=LAYERS
+        f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
+        site=CAPTURE_SITES,
+        layer=LAYERS,
     )
+
+
+def dictionary_activations(wildcards):
+    """The activation files a train_sae job reads: its site's, or for a transcoder the MLP's
+    input and output at its layer."""
+    sites = ["mlp_in", "mlp_out"] if TRANSCODERS else [wildcards.site]
+    return [f"{OUT}/activations/{site}/layer_{wildcards.layer}.h5" for site in sites]
 
 
 def sae_outputs():
     return expand(f"{OUT}/saes/{{site}}/layer_{{layer}}", site=SITES, layer=LAYERS)
+
+
+def replacement_outputs():
+    """sae.kind transcoder: the loss with every MLP replaced by its transcoder at once."""
+    return [f"{OUT}/saes/replacement.json"] if TRANSCODERS else []
 
 
 # ---- Job resources: the rule table in src/circuitflow/resources.py, the cluster from the profile
@@ -195,6 +219,10 @@ ATTR = f"{OUT}/attribution"
 
 
 def attribution_outputs():
+    """Attribution and interventions splice SAEs: a run of transcoders (sae.kind transcoder)
+    trains, measures and reports its dictionaries and stops there."""
+    if TRANSCODERS:
+        return []
     return expand(
         f"{ATTR}/{{behaviour}}/{{name}}",
         behaviour=BEHAVIOURS,
@@ -215,6 +243,8 @@ IV = f"{OUT}/interventions"
 
 def interventions_outputs():
     """Per behaviour the summary (its main output) and the table across behaviours."""
+    if TRANSCODERS:
+        return []
     return expand(f"{IV}/{{behaviour}}/summary.json", behaviour=BEHAVIOURS) + [
         f"{IV}/heads_across_behaviours.parquet"
     ]
@@ -237,6 +267,7 @@ def stage_outputs():
         baseline_outputs()
         + capture_outputs()
         + sae_outputs()
+        + replacement_outputs()
         + attribution_outputs()
         + interventions_outputs()
     )

@@ -203,7 +203,13 @@ rule job_costs:
             f"{REPORT}/baseline.csv",
             f"{REPORT}/provenance.html",
             f"{REPORT}/gpu_hours.html",
-            *expand(f"{REPORT}/{{behaviour}}/tables.html", behaviour=BEHAVIOURS),
+            *(
+                []
+                if TRANSCODERS
+                else expand(
+                    f"{REPORT}/{{behaviour}}/tables.html", behaviour=BEHAVIOURS
+                )
+            ),
         ],
         environment=f"{OUT}/provenance/environment.json",
     output:

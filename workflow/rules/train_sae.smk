@@ -5,11 +5,11 @@ from circuitflow.sae import stream_groups as cf_stream_groups
 
 if SAE_SOURCE == "capture":
 
-    # One SAE per (site, layer) from its activation file, one job each (on Slurm too: no job
-    # arrays, docs/design.md).
+    # One SAE per (site, layer) from its activation file (a transcoder: the layer's MLP input
+    # and output files), one job each (on Slurm too: no job arrays, docs/design.md).
     rule train_sae:
         input:
-            acts=f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
+            acts=dictionary_activations,
             model=f"{OUT}/model/model.json",
         output:
             directory(f"{OUT}/saes/{{site}}/layer_{{layer}}"),
@@ -32,6 +32,35 @@ if SAE_SOURCE == "capture":
             stage("train_sae")
             + " --config {params.cfg} --activations {input.acts} --model-json {input.model}"
             " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"
+
+
+if SAE_SOURCE == "capture" and TRANSCODERS:
+
+    # Each train_sae job measures its transcoder replacing its own MLP; this, all at once.
+    rule transcoder_replacement:
+        input:
+            saes=sae_outputs(),
+            acts=f"{OUT}/activations/mlp_in/layer_{LAYERS[0]}.h5",
+            model=f"{OUT}/model/model.json",
+        output:
+            replacement_outputs(),
+        log:
+            f"{OUT}/logs/transcoder_replacement.log",
+        benchmark:
+            f"{OUT}/benchmarks/transcoder_replacement.tsv"
+        conda:
+            "../../envs/circuitflow.yaml"
+        envmodules:
+            *job_envmodules(),
+        threads: job_threads("transcoder_replacement")
+        resources:
+            **job_resources("transcoder_replacement"),
+        params:
+            cfg=config_json("seed", "device", "model", "sae"),
+        shell:
+            stage("transcoder_replacement")
+            + " --config {params.cfg} --transcoders {input.saes} --activations {input.acts}"
+            " --model-json {input.model} --out {output} > {log} 2>&1"
 
 
 if SAE_SOURCE == "stream":

@@ -268,12 +268,20 @@ def run_batches(
 
 # --- SAEs -----------------------------------------------------------------------------------------
 def load_saes(sae_dirs: list[Path | str], device) -> dict[str, Any]:
-    """hook name -> SAE (eval mode, on `device`, frozen), from SAELens directories."""
+    """hook name -> SAE (eval mode, on `device`, frozen), from SAELens directories. A
+    transcoder is refused: spliced at its input hook as an SAE, its features would write there
+    rather than into the MLP's output."""
+    from circuitflow.errors import InputError
     from circuitflow.sae.files import load_sae
+    from circuitflow.sae.transcoder import is_transcoder
 
     saes = {}
     for d in sae_dirs:
         sae = load_sae(d, device)
+        if is_transcoder(sae):
+            raise InputError(
+                f"{d}: a transcoder; attribution and interventions splice SAEs (sae.kind sae)"
+            )
         saes[sae.cfg.metadata.hook_name] = sae
     return saes
 

@@ -7,11 +7,11 @@ import math
 
 from circuitflow.memory import (
     MiB,
+    capture_hooks,
     dtype_bytes,
     estimate_forward,
     load_bytes,
     model_dtype,
-    n_hooks,
 )
 from circuitflow.model import architectures
 from circuitflow.perf import Work, forward_flops_per_token
@@ -64,7 +64,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         return 0
     cfg = architectures.model_cfg(config)
     n_params = architectures.n_params(cfg)
-    hooks = n_hooks(config)
+    hooks = capture_hooks(config)
     t = context_length(config, cfg)
     dtype = model_dtype(config, device)
     est = estimate_forward(
@@ -92,7 +92,7 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | No
     depth = max(config["layers"]) + 1
     flops = n_contexts * t * forward_flops_per_token(cfg, t, depth, unembed=False) / shards
     itemsize = dtype_bytes(capture["dtype"])
-    written = n_contexts * per_context * n_hooks(config) * cfg.d_model * itemsize / shards
+    written = n_contexts * per_context * capture_hooks(config) * cfg.d_model * itemsize / shards
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
     return Work({dtype: flops}, disk_bytes=written)
 
@@ -106,4 +106,4 @@ def disk_bytes(config: dict) -> int:
     row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
     if config["sae"]["source"] != "capture":
         return 4 * 2 * token_set_contexts(config, cfg) * context_length(config, cfg)
-    return n_hooks(config) * rows * row + 4 * 2 * rows
+    return capture_hooks(config) * rows * row + 4 * 2 * rows

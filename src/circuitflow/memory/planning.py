@@ -198,8 +198,15 @@ def prompt_length(config: dict, model_cfg) -> int:
 
 
 def n_hooks(config: dict) -> int:
-    """Hook points a job captures, trains or splices: every configured layer at every site."""
+    """Hook points a job trains or splices dictionaries at: every configured layer at every site."""
     return len(config["layers"]) * len(config["sites"])
+
+
+def capture_hooks(config: dict) -> int:
+    """Hook points capture writes: n_hooks, and a transcoder's input hook at each layer too."""
+    from circuitflow.config import capture_sites
+
+    return len(config["layers"]) * len(capture_sites(config))
 
 
 def n_prompts(config: dict, behaviour: str | None, cap: int | None = None) -> int:

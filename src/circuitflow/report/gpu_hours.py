@@ -37,6 +37,7 @@ import pandas as pd
 
 from circuitflow import perf
 from circuitflow.errors import InputError
+from circuitflow.memory import capture_hooks
 from circuitflow.model import architectures
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
     if not measured_on(suite, gpu):
         # Writing the activations cannot go faster than the disk the suite measured.
         itemsize = 2 if cap.dtype == "float16" else 4
-        stored = math.ceil(cap.n_tokens / per_ctx) * per_ctx * n_hooks * arch.d_model
+        stored = math.ceil(cap.n_tokens / per_ctx) * per_ctx * capture_hooks(config) * arch.d_model
         write_s = stored * itemsize / suite["disk_write_bytes_per_s"]
         if write_s > s:
             s = write_s

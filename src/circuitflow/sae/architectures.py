@@ -91,9 +91,12 @@ def get(name: str) -> Architecture:
     return ARCHITECTURES[name]
 
 
-def build_training_sae(cfg, d_in: int, hook_name: str, device: str):
-    """SAELens's training SAE for `cfg` (the sae: section as SAETrainConfig)."""
+def build_training_sae(cfg, d_in: int, hook_name: str, device: str, hook_name_out: str = ""):
+    """SAELens's training SAE for `cfg` (the sae: section as SAETrainConfig); with
+    `hook_name_out`, trained as a transcoder from `hook_name` to it (sae.transcoder)."""
     from sae_lens.saes.sae import SAEMetadata
+
+    from circuitflow.sae.transcoder import as_training_transcoder
 
     common: dict[str, Any] = {
         "d_in": d_in,
@@ -103,4 +106,8 @@ def build_training_sae(cfg, d_in: int, hook_name: str, device: str):
         # Without hook_name, HookedSAETransformer.add_sae silently skips the SAE.
         "metadata": SAEMetadata(hook_name=hook_name),
     }
-    return get(cfg.architecture).build(cfg, common)
+    if not hook_name_out:
+        return get(cfg.architecture).build(cfg, common)
+    # A transcoder's decoder bias lives in the output's space: nothing to centre the input by.
+    sae = get(cfg.architecture).build(cfg, common | {"apply_b_dec_to_input": False})
+    return as_training_transcoder(sae, hook_name, hook_name_out)

@@ -67,6 +67,7 @@ class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
     device. The schema checks every value; config.check_cross_fields the combinations."""
 
+    kind: Literal["sae", "transcoder"] = _D["kind"]  # transcoder: mlp_in -> mlp_out
     source: Literal["capture", "stream", "pretrained"] = _D["source"]
     stream: StreamConfig = field(default_factory=StreamConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)

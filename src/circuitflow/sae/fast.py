@@ -44,6 +44,7 @@ from sae_lens.training.optim import get_lr_scheduler
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.sparsity import SparsityController
 from circuitflow.sae.trainer import ControlledSAETrainer
+from circuitflow.sae.transcoder import split
 
 
 # --- which latents each token uses ----------------------------------------------------------------
@@ -251,11 +252,14 @@ def sparse_forward(
     """SAELens's TopK / BatchTopK training loss (MSE + AuxK) with sparse gradients.
 
     `sae` is SAELens's TopKTrainingSAE or BatchTopKTrainingSAE; `dead` the trainer's dead-latent
-    mask. The losses equal SAELens's `training_forward_pass` on the same weights and batch.
+    mask. The losses equal SAELens's `training_forward_pass` on the same weights and batch. A
+    transcoder's batch is [input | target] (sae.transcoder.split): the losses compare with the
+    target.
     """
     cfg = sae.cfg
+    sae_in, target = split(sae, sae_in)
     batch = sae_in.shape[0]
-    x = sae.process_sae_in(sae_in)  # SAELens's: minus b_dec (with its gradient)
+    x = sae.process_sae_in(sae_in)  # SAELens's: minus b_dec (with its gradient), not a transcoder
     with torch.no_grad():
         with torch.autocast(sae_in.device.type, dtype=torch.bfloat16, enabled=autocast):
             preacts = x @ sae.W_enc  # b_enc is added below, in the same pass as the norms
@@ -275,11 +279,11 @@ def sparse_forward(
     weights = torch.cat([h[: len(main)].relu(), h[len(main) :]])
     decoded = SparseDecoder.apply(weights, sae.W_dec, sel)
     sae_out = decoded[:batch] + sae.b_dec
-    mse = (sae_out - sae_in).pow(2).sum(-1).mean()
+    mse = (sae_out - target).pow(2).sum(-1).mean()
     aux = sae_out.new_zeros(())
     if n_dead:
         # Dead latents predict what the live ones missed; no b_dec, it is in the residual.
-        residual = (sae_in - sae_out).detach()
+        residual = (target - sae_out).detach()
         aux = (decoded[batch:] - residual).pow(2).sum(-1).mean()
         aux = cfg.aux_loss_coefficient * aux_scale * aux
     return SparseStep(

@@ -35,6 +35,8 @@ def load_sae(sae_dir: Path | str, device="cpu"):
     check_sae_dir(sae_dir)
     from sae_lens import SAE
 
+    import circuitflow.sae.transcoder  # noqa: F401 - registers TopKTranscoder with SAELens
+
     try:
         sae = SAE.load_from_disk(str(sae_dir), device=str(device)).eval()
     except Exception as err:  # noqa: BLE001 - shapes that disagree with cfg.json, and the like

@@ -116,3 +116,98 @@ def evaluate_sae(
         **ce,
         "ce_loss_recovered": (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None,
     }
+
+
+@torch.no_grad()
+def evaluate_transcoders(
+    model: HookedTransformer,
+    transcoders: dict[int, Any],
+    contexts: torch.Tensor,
+    *,
+    exclude_bos: bool,
+    bos_token_id: int,
+    batch_size: int = 16,
+    counter: PassCounter | None = None,
+) -> dict[str, Any]:
+    """Transcoders measured on the model, every MLP in `transcoders` ({layer: transcoder})
+    replaced at once: `ce_sae` with each MLP's output computed by its transcoder from the MLP's
+    input in the same (replaced) run, `ce_zero` with those MLP outputs zeroed, `ce_clean`, and
+    per layer the L0 and the explained variance of the MLP output on the clean run's inputs
+    (`layers`; with one transcoder also at the top level, as evaluate_sae's keys). Float32
+    throughout, sums in float64; BOS is left to the real MLP when the training data excluded it
+    (as evaluate_sae bypasses an SAE there). `counter` counts the three forward passes a batch.
+    """
+    counter = counter if counter is not None else PassCounter()
+    device = model.cfg.device
+    hooks = {
+        layer: (tc.cfg.metadata.hook_name, tc.cfg.metadata.hook_name_out)
+        for layer, tc in transcoders.items()
+    }
+    for tc in transcoders.values():
+        tc.to(device).eval()
+    names = sorted({name for pair in hooks.values() for name in pair})
+    ce_sum = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
+    stats = {layer: {"sq_err": 0.0, "l0": 0.0, "x_sum": 0.0, "x_sq": 0.0} for layer in hooks}
+    n_tokens = n_pos = 0
+
+    def replace(layer: int, keep: torch.Tensor, stash: dict) -> list:
+        tc = transcoders[layer]
+        hook_in, hook_out = hooks[layer]
+
+        def read(act: torch.Tensor, hook: object) -> None:
+            stash[layer] = act
+
+        def write(act: torch.Tensor, hook: object) -> torch.Tensor:
+            out = tc.decode(tc.encode(stash.pop(layer).to(tc.dtype))).to(act.dtype)
+            return torch.where(keep.unsqueeze(-1), out, act)
+
+        return [(hook_in, read), (hook_out, write)]
+
+    with precise_math():
+        for start in range(0, len(contexts), batch_size):
+            toks = contexts[start : start + batch_size].to(device)
+            keep = (
+                (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
+            )
+            with counter.part("ce_clean"):
+                logits, cache = model.run_with_cache(toks, names_filter=names)
+                counter.forward(len(toks))
+            for layer, (hook_in, hook_out) in hooks.items():
+                tc, s = transcoders[layer], stats[layer]
+                x, y = cache[hook_in][keep].float(), cache[hook_out][keep].double()
+                feats = tc.encode(x.to(tc.dtype))
+                s["sq_err"] += (y - tc.decode(feats).double()).pow(2).sum().item()
+                s["l0"] += (feats != 0).sum().item()
+                s["x_sum"] = s["x_sum"] + y.sum(0)
+                s["x_sq"] += y.pow(2).sum().item()
+            n_pos += int(keep.sum())
+            stash: dict[int, torch.Tensor] = {}
+            fwd = [hook for layer in hooks for hook in replace(layer, keep, stash)]
+            with counter.part("ce_sae"):
+                logits_tc = model.run_with_hooks(toks, fwd_hooks=fwd)
+                counter.forward(len(toks))
+
+            def zero(act: torch.Tensor, hook: object, keep: torch.Tensor = keep) -> torch.Tensor:
+                return act * (~keep).unsqueeze(-1).to(act.dtype)
+
+            with counter.part("ce_zero"):
+                zeroed = [(out, zero) for _, out in hooks.values()]
+                logits_zero = model.run_with_hooks(toks, fwd_hooks=zeroed)
+                counter.forward(len(toks))
+            for key, out in (("ce_clean", logits), ("ce_sae", logits_tc), ("ce_zero", logits_zero)):
+                ce_sum[key] += next_token_losses(out, toks).double().sum().item()
+            n_tokens += toks.shape[0] * (toks.shape[1] - 1)
+
+    ce = {k: v / n_tokens for k, v in ce_sum.items()}
+    denom = ce["ce_zero"] - ce["ce_clean"]
+    layers = {}
+    for layer, s in stats.items():
+        total_var = s["x_sq"] - s["x_sum"].pow(2).sum().item() / n_pos
+        layers[layer] = {"l0": s["l0"] / n_pos, "explained_variance": 1.0 - s["sq_err"] / total_var}
+    single = next(iter(layers.values())) if len(layers) == 1 else {}
+    return {
+        **single,
+        **ce,
+        "ce_loss_recovered": (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None,
+        "layers": layers,
+    }

@@ -8,7 +8,14 @@ import torch
 
 from circuitflow.capture.files import chunk_rows_for
 from circuitflow.capture.plan import context_length
-from circuitflow.memory import Estimate, dtype_bytes, load_bytes, model_dtype
+from circuitflow.memory import (
+    Estimate,
+    dtype_bytes,
+    estimate_forward,
+    load_bytes,
+    model_dtype,
+    n_hooks,
+)
 from circuitflow.model import architectures
 from circuitflow.perf import Work, forward_flops_per_token, sae_training_flops_per_token
 
@@ -20,6 +27,7 @@ SAE_NARROW_PER_ROW = 8
 # step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
 SAE_OPTIMISER_COPIES = 5.75
 SAE_AUTO_MAX_BATCH = 16384  # sae.batch_size auto: the largest power of two up to this that fits
+EVAL_BATCH = 16  # contexts a pass of the evaluation takes (sae.metrics)
 
 
 def sae_param_bytes(d_in: int, d_sae: int, dtype_size: int = 4) -> int:
@@ -37,6 +45,7 @@ def estimate_sae_training(
     storage_dtype: torch.dtype | str = "float16",
     resident: int = 0,
     sparse: bool = False,
+    n_files: int = 1,
 ) -> Estimate:
     """Peak memory of SAE training (the train_sae stage's loop) per training row.
 
@@ -47,6 +56,8 @@ def estimate_sae_training(
     phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
     it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
+    A transcoder reads `n_files` = 2 files in lockstep (sae.transcoder.PairedActivationStream):
+    a buffer each, and its batch rows [input | target] are 2 d_in wide, split once more.
     """
     from circuitflow.sae.architectures import get
 
@@ -55,16 +66,17 @@ def estimate_sae_training(
     wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
     if wide is None:
         raise ValueError(f"sae.fast cannot train {architecture}")
-    per_row = int((wide * d_sae + SAE_NARROW_PER_ROW * d_in) * 4)
+    narrow = SAE_NARROW_PER_ROW + 2 * (n_files - 1)
+    per_row = int((wide * d_sae + narrow * d_in) * 4)
     block = max(1, min(chunk_rows, n_file_rows))
     rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
-    group = rows * d_in * 4
-    refill = rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)  # read, permuted, widened
+    group = n_files * rows * d_in * 4
+    refill = n_files * rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)  # read, permuted, widened
     cuda = device.startswith("cuda")
     optimiser = resident + int(SAE_OPTIMISER_COPIES * params)
     if cuda:
         phases = (optimiser,)
-        per_row_host = 5 * d_in * 4  # pinned batches queued by the prefetch thread
+        per_row_host = 5 * n_files * d_in * 4  # pinned batches queued by the prefetch thread
         host = group + refill
     else:
         phases = (optimiser + group, resident + 4 * params + group + refill)
@@ -110,15 +122,26 @@ def training_batch(config: dict) -> int:
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of a train_sae job's work: the training loop at the config's batch size with
     the model resident for the spliced evaluation (estimate_sae_training), or a real model's
-    load where that is more."""
+    load where that is more. transcoder_replacement: the model, every transcoder and a batch
+    of the evaluation (a forward pass to the logits, one layer's features)."""
     cfg = architectures.model_cfg(config)
     n_params = architectures.n_params(cfg)
+    if rule == "transcoder_replacement":
+        d_sae, t = sae_width(config, cfg.d_model), context_length(config, cfg)
+        est = estimate_forward(
+            cfg, n_params, t, None, 1, torch.float32, "float32", device,
+            buffers=n_hooks(config) * sae_param_bytes(cfg.d_model, d_sae),
+        )  # fmt: skip
+        host = est.host_peak(EVAL_BATCH) + EVAL_BATCH * t * d_sae * 4 * 2
+        real = config["model"]["name"] != "embedded"
+        return max(load_bytes(n_params) if real else 0, host)
     sae, capture = config["sae"], config["capture"]
     n_rows = capture["n_tokens"]
     est = estimate_sae_training(
         cfg.d_model, sae_width(config, cfg.d_model), sae["architecture"], device, n_rows,
         sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
         resident=n_params * dtype_bytes(model_dtype(config, device)),
+        n_files=2 if sae["kind"] == "transcoder" else 1,
     )  # fmt: skip
     real = config["model"]["name"] != "embedded"
     return max(load_bytes(n_params) if real else 0, est.host_peak(training_batch(config)))
@@ -127,14 +150,20 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     """`sae.total_tokens` training rows (encoder and dense decoder, forward and backward) read
     from the activation file, and the evaluation's passes (clean, spliced, ablated) over
-    `sae.eval_contexts` contexts."""
+    `sae.eval_contexts` contexts. transcoder_replacement: the evaluation's passes, and every
+    transcoder's encoder and decoder twice (the clean run's statistics, the replaced run)."""
     cfg = architectures.model_cfg(config)
     sae = config["sae"]
     tokens = sae["total_tokens"]
     t = context_length(config, cfg)
     evaluation = 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
+    if rule == "transcoder_replacement":
+        width = sae_width(config, cfg.d_model)
+        dictionaries = 2 * n_hooks(config) * 4.0 * cfg.d_model * width
+        return Work({"float32": evaluation + sae["eval_contexts"] * t * dictionaries})
     training = tokens * sae_training_flops_per_token(cfg.d_model, sae_width(config, cfg.d_model))
-    read = tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
+    n_files = 2 if sae["kind"] == "transcoder" else 1  # a transcoder reads input and target
+    read = n_files * tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
     return Work({"float32": training + evaluation}, disk_bytes=read)
 
 
@@ -146,8 +175,6 @@ SAE_CHECKPOINT_COPIES = 2 * 3
 def disk_bytes(config: dict) -> dict[str, int]:
     """Bytes of the SAEs (fp32 parameters, every hook) and of their checkpoints while every SAE
     trains at once."""
-    from circuitflow.memory import n_hooks
-
     cfg = architectures.model_cfg(config)
     weights = n_hooks(config) * sae_param_bytes(cfg.d_model, sae_width(config, cfg.d_model))
     return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * weights}

@@ -16,6 +16,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from circuitflow import memory
 from circuitflow.capture.files import ActivationFileInfo, read_activation_info
 from circuitflow.devices import resolve_device
-from circuitflow.errors import CheckpointError
+from circuitflow.errors import CheckpointError, ConfigError
 from circuitflow.io import atomic_dir, write_json
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
@@ -39,7 +40,7 @@ from circuitflow.sae.checkpoint import (
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import evaluate_sae
+from circuitflow.sae.metrics import evaluate_sae, evaluate_transcoders
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.trainer import (
     ControlledSAETrainer,
@@ -51,6 +52,7 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
+from circuitflow.sae.transcoder import PairedActivationStream, check_pair, save_transcoder
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ def memory_estimate(
         chunk_rows=info.chunk_rows,
         resident=resident,
         sparse=cfg.uses_fast_trainer(),
+        n_files=2 if cfg.kind == "transcoder" else 1,
     )
 
 
@@ -126,6 +129,38 @@ def plan(
     return dataclasses.replace(cfg, batch_size=int(batch))
 
 
+# --- inputs ---------------------------------------------------------------------------------------
+@dataclass
+class Inputs:
+    """The activation files a dictionary trains on: its site's (an SAE), or the MLP's input and
+    output at one layer (a transcoder, `target` the output's)."""
+
+    info: ActivationFileInfo
+    target: ActivationFileInfo | None = None
+
+    @classmethod
+    def read(cls, cfg: SAETrainConfig, activations) -> Inputs:
+        paths = [activations] if isinstance(activations, str | Path) else list(activations)
+        want = 2 if cfg.kind == "transcoder" else 1
+        if len(paths) != want:
+            what = "the MLP's input and output files" if want == 2 else "one activation file"
+            raise ConfigError(f"--activations: sae.kind {cfg.kind} trains on {what}, got {paths}")
+        infos = [read_activation_info(p) for p in paths]
+        if want == 2:
+            check_pair(*infos)
+        return cls(*infos)
+
+    def stream(self, cfg: ActivationStreamConfig, position: int):
+        if self.target is None:
+            return ActivationStream(self.info, cfg, position)
+        return PairedActivationStream(self.info, self.target, cfg, position)
+
+    @property
+    def site(self) -> str:
+        """Where the dictionary is spliced: the site it reconstructs or predicts."""
+        return (self.target or self.info).site
+
+
 # --- train ----------------------------------------------------------------------------------------
 @dataclass
 class Trained:
@@ -138,7 +173,7 @@ class Trained:
 
 def train(
     cfg: SAETrainConfig,
-    info: ActivationFileInfo,
+    inputs: Inputs,
     device: str,
     ckpt_root: Path,
     fp: str,
@@ -147,8 +182,10 @@ def train(
 ) -> Trained:
     """Train to `cfg.total_tokens`, from the checkpoint `state` when given. Checkpoints every
     `checkpoint_every_tokens`; on SIGTERM checkpoints at the next step and raises Interrupted."""
+    info = inputs.info
     torch.manual_seed(cfg.seed)
-    sae = architectures.build_training_sae(cfg, info.d_in, info.hook_name, device)
+    hook_out = inputs.target.hook_name if inputs.target else ""
+    sae = architectures.build_training_sae(cfg, info.d_in, info.hook_name, device, hook_out)
     trainer_cfg = trainer_config(cfg, info, device)
     coefficient = architectures.get(cfg.architecture).controlled_coefficient
     controller = (
@@ -157,15 +194,14 @@ def train(
         else None
     )
     clock = RunClock()
-    stream = ActivationStream(
-        info,
+    stream = inputs.stream(
         ActivationStreamConfig(
             batch_size=cfg.batch_size,
             seed=cfg.seed,
             shuffle_buffer_tokens=cfg.shuffle_buffer_tokens,
             device=device,
         ),
-        position=state["data_position"] if state else 0,
+        state["data_position"] if state else 0,
     )
     last_ckpt = state["n_training_samples"] if state else 0
 
@@ -205,22 +241,28 @@ def train(
 
 # --- summarise and write --------------------------------------------------------------------------
 def summarise(
-    run: Trained, saved_sae, cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model
+    run: Trained, saved_sae, cfg: SAETrainConfig, inputs: Inputs, device: str, model
 ) -> dict[str, Any]:
-    """metrics.json: the saved SAE measured on the model, and how training went."""
+    """metrics.json: the saved SAE measured on the model, and how training went. A transcoder:
+    the explained variance of the MLP's output, and the losses with its MLP replaced by it."""
+    info = inputs.info
     tr = run.trainer
     since_fired = tr.n_forward_passes_since_fired
     window = min(dead_window_steps(cfg), tr.n_training_steps)
     contexts = load_eval_contexts(info, cfg.eval_contexts)
     counter = PassCounter()  # the evaluation's model passes (training steps are tokens_trained)
-    quality = evaluate_sae(
-        model,
-        saved_sae,
-        contexts,
+    if inputs.target is not None:
+        evaluate = partial(evaluate_transcoders, transcoders={info.layer: saved_sae})
+    else:
+        evaluate = partial(evaluate_sae, sae=saved_sae)
+    quality = evaluate(
+        model=model,
+        contexts=contexts,
         exclude_bos=info.bos_excluded,
         bos_token_id=info.bos_token_id,
         counter=counter,
     )
+    quality.pop("layers", None)
     history = run.controller.state.history if run.controller else []
     resident = param_bytes(model)
     return {
@@ -237,12 +279,14 @@ def summarise(
             + (0 if device.startswith("cuda") else memory.runtime_bytes("model"))
         )
         / memory.MiB,
+        "kind": cfg.kind,
         "architecture": cfg.architecture,
         "d_in": info.d_in,
         "d_sae": saved_sae.cfg.d_sae,
         "hook_name": info.hook_name,
+        **({"hook_name_out": inputs.target.hook_name} if inputs.target else {}),
         "layer": info.layer,
-        "site": info.site,
+        "site": inputs.site,
         "device": device,
         "resumed": run.tokens_at_start > 0,
         "sparsity_coefficient": architectures.get(cfg.architecture).controlled_coefficient,
@@ -255,13 +299,14 @@ def summarise(
 
 
 def train_sae(
-    activations: str | Path,
+    activations: str | Path | list[str | Path],
     out_dir: str | Path,
     cfg: SAETrainConfig,
     model,
     checkpoint_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Train, save and evaluate one SAE; return the metrics written to ``metrics.json``.
+    """Train, save and evaluate one SAE (or transcoder: `activations` the MLP's input and
+    output files); return the metrics written to ``metrics.json``.
 
     Resumes from the newest checkpoint in ``checkpoint_dir`` (default: ``{out_dir}.ckpt``).
     On SIGTERM, checkpoints at the next step and raises resumable.Interrupted.
@@ -270,17 +315,20 @@ def train_sae(
 
     out_dir = Path(out_dir)
     ckpt_root = Path(checkpoint_dir or out_dir.with_name(out_dir.name + ".ckpt"))
-    info = read_activation_info(activations)
+    inputs = Inputs.read(cfg, activations)
     device = resolve_device(cfg.device)
-    fp = fingerprint(cfg, info)
+    fp = fingerprint(cfg, inputs.info)
     state, tensors = resume_state(ckpt_root, fp)
-    cfg = plan(cfg, info, device, model, state)
-    run = train(cfg, info, device, ckpt_root, fp, state, tensors)
+    cfg = plan(cfg, inputs.info, device, model, state)
+    run = train(cfg, inputs, device, ckpt_root, fp, state, tensors)
     # Save, reload from disk and evaluate the artifact exactly as downstream stages will see it.
     with atomic_dir(out_dir) as tmp:
-        run.trainer.sae.save_inference_model(tmp)
+        if inputs.target is not None:
+            save_transcoder(run.trainer.sae, tmp, cfg.architecture)
+        else:
+            run.trainer.sae.save_inference_model(tmp)
         saved = SAE.load_from_disk(tmp, device=device)
-        metrics = summarise(run, saved, cfg, info, device, model)
+        metrics = summarise(run, saved, cfg, inputs, device, model)
         write_json(tmp / "metrics.json", metrics)
         if metrics["controller_history"]:
             history = run.controller.state.history
@@ -296,7 +344,7 @@ def train_sae(
 
 def run(
     config: dict,
-    activations: Path | str,
+    activations: Path | str | list[Path | str],
     model_json: Path | str,
     out_dir: Path | str,
     checkpoint_dir: Path | str | None = None,
@@ -305,7 +353,7 @@ def run(
     from circuitflow.model.load import load_model
 
     cfg = SAETrainConfig.from_config(config)
-    read_activation_info(activations)  # refuse an unusable file before paying for the model
+    Inputs.read(cfg, activations)  # refuse unusable files before paying for the model
     model = load_model(
         Path(model_json).parent, resolve_device(cfg.device), config["model"]["dtype"]
     )

@@ -1,0 +1,66 @@
+"""sae.kind transcoder through the real DAG (.test/config/transcoder.yaml, the embedded model):
+capture writes each layer's MLP input and output from one pass, train_sae trains a transcoder
+per layer, transcoder_replacement replaces every MLP at once, and the run stops before
+attribution, which splices SAEs."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.dag import load_test_config, read_json, run_snakemake
+from helpers.transcoders import swapped_loss
+
+from circuitflow.capture.files import read_activation_info
+from circuitflow.model.load import load_model
+from circuitflow.sae.data import load_eval_contexts
+from circuitflow.sae.files import load_sae
+from circuitflow.sae.transcoder import TopKTranscoder
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("transcoder-run")
+    done = run_snakemake(load_test_config("transcoder"), workdir)
+    return workdir / "results", done
+
+
+def test_one_capture_feeds_a_transcoder_per_layer(run):
+    results, done = run
+    assert (results / "benchmarks" / "capture.tsv").is_file()  # one capture job wrote both
+    for layer in (0, 1):
+        for site in ("mlp_in", "mlp_out"):
+            info = read_activation_info(results / "activations" / site / f"layer_{layer}.h5")
+            assert info.site == site and info.layer == layer
+        tc = load_sae(results / "saes" / "mlp_out" / f"layer_{layer}")
+        assert isinstance(tc, TopKTranscoder)
+        assert tc.cfg.metadata.hook_name == f"blocks.{layer}.ln2.hook_normalized"
+        assert tc.cfg.metadata.hook_name_out == f"blocks.{layer}.hook_mlp_out"
+        m = read_json(results / "saes" / "mlp_out" / f"layer_{layer}" / "metrics.json")
+        assert m["kind"] == "transcoder" and m["explained_variance"] > 0.8, m
+    assert not (results / "attribution").exists() and not (results / "interventions").exists()
+    assert (results / "report" / "job_costs.html").is_file()
+
+
+def test_replacement_loss_is_the_model_with_every_mlp_swapped_out(run):
+    """saes/replacement.json's loss against the model whose blocks' MLP modules are replaced
+    by the transcoders (helpers.transcoders), on the same held-out contexts."""
+    results, _ = run
+    got = read_json(results / "saes" / "replacement.json")
+    config = load_test_config("transcoder")
+    info = read_activation_info(results / "activations" / "mlp_in" / "layer_0.h5")
+    tokens = load_eval_contexts(info, config["sae"]["eval_contexts"])
+    model = load_model(results / "model", "cpu", "float32")
+    transcoders = {
+        layer: load_sae(results / "saes" / "mlp_out" / f"layer_{layer}") for layer in (0, 1)
+    }
+    assert got["ce_sae"] == pytest.approx(swapped_loss(model, transcoders, tokens), abs=1e-5)
+    assert got["ce_clean"] == pytest.approx(model(tokens, return_type="loss").item(), abs=1e-5)
+    # Zeroing both MLPs costs more than zeroing either.
+    alone = [
+        read_json(results / "saes" / "mlp_out" / f"layer_{layer}" / "metrics.json")
+        for layer in (0, 1)
+    ]
+    assert got["ce_clean"] == alone[0]["ce_clean"]
+    assert got["ce_zero"] > max(m["ce_zero"] for m in alone)
+    assert got["ce_loss_recovered"] > 0.8 and set(got["layers"]) == {"0", "1"}
