@@ -6,7 +6,6 @@ Exit status: 0 done; 2 bad config or unusable input (incomplete activation file,
 checkpoint); 3 out of memory; 75 stopped by SIGTERM after checkpointing (rerun to resume)."""
 
 from circuitflow import cli
-from circuitflow.sae import stage
 
 
 def run() -> None:
@@ -25,6 +24,8 @@ def run() -> None:
         "--checkpoint-dir", help="where checkpoints live (default: OUT.ckpt next to OUT)"
     )
     args, config = cli.parse(parser)
+    from circuitflow.sae import stage  # SAELens's import takes seconds: not for --help
+
     metrics = stage.run(config, args.activations, args.model_json, args.out, args.checkpoint_dir)
     print(
         f"train_sae: {args.out}: {metrics['kind']} l0={metrics['l0']:.2f} "

@@ -7,7 +7,6 @@ Exit status: 0 done; 2 bad config or unusable input (token set, corrupt checkpoi
 memory; 75 stopped by SIGTERM after checkpointing (rerun to resume)."""
 
 from circuitflow import cli
-from circuitflow.sae import stream_stage
 
 
 def member(text: str) -> tuple[str, int]:
@@ -28,6 +27,8 @@ def run() -> None:
     )
     parser.add_argument("--checkpoint-dir", required=True, help="the group's checkpoints")
     args, config = cli.parse(parser)
+    from circuitflow.sae import stream_stage  # SAELens's import takes seconds: not for --help
+
     members = [member(m) for m in args.members]
     results = stream_stage.run(
         config,

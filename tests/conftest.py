@@ -14,6 +14,13 @@ import pytest
 import yaml
 from helpers.dag import REPO, load_test_config, run_snakemake
 
+# One OpenMP thread a test process (and the processes tests start, which inherit it), set
+# before any test module imports torch: `make test` runs four workers on two cores, where a
+# many-threaded region spins on cores another worker needs. Pipeline jobs get their own count
+# from the rules (common.smk's stage()).
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 # Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs four
 # workers with --dist loadgroup: the tests that read one run go to one worker, which computes
 # it once.

@@ -65,9 +65,9 @@ BAD_CONFIGS = {
         {"sae": {"kind": "transcoder"}},
         ["sites: ['resid_post'] with sae.kind transcoder", "set sites: [mlp_out]"],
     ),
-    "streamed transcoders": (
-        {"sites": ["mlp_out"], "sae": {"kind": "transcoder", "source": "stream"}},
-        ["sae.source: 'stream' with sae.kind transcoder", "use sae.source capture"],
+    "published transcoders": (
+        {"sites": ["mlp_out"], "sae": {"kind": "transcoder", "source": "pretrained"}},
+        ["sae.source: 'pretrained' with sae.kind transcoder", "capture or stream"],
     ),
     "bad device": ({"device": "tpu"}, ["device", "tpu", "cuda"]),
     "negative count": (

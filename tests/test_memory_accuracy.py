@@ -24,6 +24,7 @@ CASES = {
     ("sae_train", "standard"),
     ("sae_train", "topk transcoder"),  # mlp_in and mlp_out read in lockstep
     ("sae_stream", "gpt2-small"),  # two layers' SAEs from one stream of forward passes
+    ("sae_stream", "gpt2-small transcoder"),  # two transcoders: four hooks a pass
     ("attribution", "gpt2-small atp"),
     ("attribution", "qwen2.5-0.5b atp"),
     ("attribution", "gpt2-small ig"),

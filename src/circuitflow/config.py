@@ -306,10 +306,10 @@ def check_transcoders(config: dict) -> None:
             f"sites: {config['sites']} with sae.kind transcoder; a transcoder predicts a layer's "
             "MLP output from its input: set sites: [mlp_out]"
         )
-    if sae["source"] != "capture":
+    if sae["source"] == "pretrained":
         raise ConfigError(
-            f"sae.source: {sae['source']!r} with sae.kind transcoder; transcoders are trained "
-            "from captured activations: use sae.source capture"
+            "sae.source: 'pretrained' with sae.kind transcoder; transcoders are trained here, "
+            "from captured or streamed activations: use sae.source capture or stream"
         )
 
 

@@ -107,9 +107,10 @@ def sae(case: str, tmp: Path) -> None:
     emit("sae_train", case, meter.delta, memory_estimate(cfg, info, "cpu").total(batch))
 
 
-def stream(arch: str) -> None:
-    """The streaming SAE job's training (sae.source: stream): two layers' fast TopK SAEs from
-    one stream of the model's forward passes, its shuffle buffers refilled as it goes."""
+def stream(arch: str, kind: str = "sae") -> None:
+    """The streaming SAE job's training (sae.source: stream): two layers' fast TopK SAEs (or
+    transcoders, `kind`: each reads two hooks) from one stream of the model's forward passes,
+    its shuffle buffers refilled as it goes."""
     from circuitflow.capture.config import CaptureConfig
     from circuitflow.sae.config import SAETrainConfig
     from circuitflow.sae.stream_plan import StreamGroup
@@ -123,15 +124,17 @@ def stream(arch: str) -> None:
     cfg = SAETrainConfig(
         architecture="topk", d_sae=4096, k=1, batch_size=batch, total_tokens=6 * batch,
         dead_window_tokens=batch, shuffle_buffer_tokens=4096, device="cpu",
-        normalize_activations="none",
+        normalize_activations="none", kind=kind,
     )  # fmt: skip
     cfg.stream.batch_contexts = 16
     src = stream_source(tokens, meta, CaptureConfig())
-    group = StreamGroup((("resid_post", 0), ("resid_post", 1)))
+    site = "mlp_out" if kind == "transcoder" else "resid_post"
+    group = StreamGroup(((site, 0), (site, 1)))
     with tempfile.TemporaryDirectory() as tmp, memory.PeakMeter("cpu") as meter:
         p = plan(cfg, CaptureConfig(), src, group, model, "cpu", None)
         train(cfg, src, group, p, model, "cpu", Path(tmp), "fp", None, {})
-    emit("sae_stream", arch, meter.delta + weights, p.estimate.total(batch, 16))
+    case = arch if kind == "sae" else f"{arch} {kind}"
+    emit("sae_stream", case, meter.delta + weights, p.estimate.total(batch, 16))
 
 
 def attribution(arch: str, method: str, n_prompts: int) -> None:
@@ -183,6 +186,7 @@ def main() -> None:
         for case in ("topk", "batchtopk", "topk saelens", "standard", "topk transcoder"):
             sae(case, Path(tmp))
     stream("gpt2-small")
+    stream("gpt2-small", "transcoder")
     for arch in architectures.ARCHITECTURES:
         attribution(arch, "atp", 16)
     attribution("gpt2-small", "ig", 2)

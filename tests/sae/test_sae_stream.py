@@ -17,14 +17,18 @@ import pytest
 import torch
 from helpers.sae_data import contexts as tiny_contexts
 from helpers.sae_data import tiny_model
+from helpers.transcoders import swapped_loss
 from safetensors.torch import load_file
 
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.errors import EXIT_CHECKPOINTED
+from circuitflow.nodes import hook_name
 from circuitflow.sae.checkpoint import list_checkpoints, load_checkpoint
 from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.files import load_sae
 from circuitflow.sae.stream import ModelActivationStream, StreamLayout
 from circuitflow.sae.stream_stage import train_stream_group
+from circuitflow.sae.transcoder import TopKTranscoder
 
 torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parents[1]
@@ -47,6 +51,14 @@ CFG = {
 }
 # SAELens's trainer for a standard SAE, its L1 coefficient steered by the PI controller.
 STANDARD = {**CFG, "architecture": "standard", "target_l0": 8, "l1_coefficient": 0.1}
+# Transcoders (sae.kind transcoder): each member reads its layer's MLP input and output.
+TRANSCODER = {**CFG, "kind": "transcoder"}
+
+
+def members_of(config: dict) -> list[tuple[str, int]]:
+    if config.get("kind") == "transcoder":
+        return [("mlp_out", layer) for _, layer in MEMBERS]
+    return MEMBERS
 
 
 def token_set(n_contexts: int = 158, held_out: int = 8) -> tuple[np.ndarray, dict]:
@@ -147,23 +159,53 @@ def test_a_group_trains_its_members_as_single_jobs_would(tmp_path):
     assert not list(tmp_path.rglob("*.h5")), "the stream wrote an activation file"
 
 
+def test_a_group_of_transcoders_reads_each_mlps_input_and_output(tmp_path):
+    """sae.kind transcoder from one stream: each member reads its layer's MLP input and predicts
+    its output, from the same forward passes (counted once, as deep as the deeper layer), and
+    its metrics are the model's with that MLP module swapped for it (helpers.transcoders)."""
+    model = tiny_model()
+    toks, meta = token_set()
+    members = members_of(TRANSCODER)
+    cfg = SAETrainConfig.from_dict({**TRANSCODER, "total_tokens": 16_384})
+    outs = [tmp_path / f"layer_{layer}" for _, layer in members]
+    found = train_stream_group(toks, meta, members, outs, cfg, CaptureConfig(), model,
+                               tmp_path / "ck")  # fmt: skip
+    held_out = torch.from_numpy(toks[-cfg.eval_contexts :].astype(np.int64))
+    for (_, layer), out in zip(members, outs, strict=True):
+        tc = load_sae(out)
+        assert isinstance(tc, TopKTranscoder)
+        m = found[f"blocks.{layer}.hook_mlp_out"]
+        assert (m["kind"], m["site"], m["hook_name"]) == (
+            "transcoder",
+            "mlp_out",
+            f"blocks.{layer}.ln2.hook_normalized",
+        )
+        assert m["explained_variance"] > 0.8, m
+        assert m["ce_sae"] == pytest.approx(swapped_loss(model, {layer: tc}, held_out), abs=1e-5)
+    stream = found["blocks.1.hook_mlp_out"]["stream"]
+    assert stream["stop_at_layer"] == 2
+    assert stream["members"] == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
+
+
 RUNNER = f"""
 import sys, json, torch
 import numpy as np
 sys.path.insert(0, {str(TESTS)!r})
 torch.set_num_threads(1)
 from helpers.sae_data import tiny_model
-from sae.test_sae_stream import token_set, MEMBERS
+from sae.test_sae_stream import token_set, members_of
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.errors import EXIT_CHECKPOINTED
+from circuitflow.nodes import hook_name
 from circuitflow.resumable import Interrupted
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.stream_stage import train_stream_group
 out, ckpt, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 toks, meta = token_set()
-outs = [f"{{out}}/layer_{{layer}}" for _, layer in MEMBERS]
+members = members_of(config)
+outs = [f"{{out}}/layer_{{layer}}" for _, layer in members]
 try:
-    train_stream_group(toks, meta, MEMBERS, outs, SAETrainConfig.from_dict(config),
+    train_stream_group(toks, meta, members, outs, SAETrainConfig.from_dict(config),
                        CaptureConfig(), tiny_model(), ckpt)
 except Interrupted as exc:
     print(exc, file=sys.stderr)
@@ -184,8 +226,13 @@ def _run(out: Path, ckpt: Path, config: dict) -> subprocess.Popen:
 
 @pytest.mark.parametrize(
     ("config", "kill"),
-    [(CFG, signal.SIGTERM), (CFG, signal.SIGKILL), (STANDARD, signal.SIGTERM)],
-    ids=["fast-topk-sigterm", "fast-topk-sigkill", "saelens-standard-sigterm"],
+    [
+        (CFG, signal.SIGTERM),
+        (CFG, signal.SIGKILL),
+        (STANDARD, signal.SIGTERM),
+        (TRANSCODER, signal.SIGKILL),
+    ],
+    ids=["fast-topk-sigterm", "fast-topk-sigkill", "saelens-standard-sigterm", "transcoder"],
 )
 def test_kill_and_rerun_matches_the_uninterrupted_run(tmp_path, config, kill):
     """SIGTERM (Slurm's walltime warning: checkpoint now, exit 75) or SIGKILL (no warning: the
@@ -193,10 +240,11 @@ def test_kill_and_rerun_matches_the_uninterrupted_run(tmp_path, config, kill):
     uninterrupted run's, bit for bit, and so are its dead latents and L0 controller."""
     ref_dir = tmp_path / "ref"
     toks, meta = token_set()
-    outs = [ref_dir / f"layer_{layer}" for _, layer in MEMBERS]
-    found = train_stream_group(toks, meta, MEMBERS, outs, SAETrainConfig.from_dict(config),
+    members = members_of(config)
+    outs = [ref_dir / f"layer_{layer}" for _, layer in members]
+    found = train_stream_group(toks, meta, members, outs, SAETrainConfig.from_dict(config),
                                CaptureConfig(), tiny_model(), tmp_path / "ref.ckpt")  # fmt: skip
-    ref = {layer: found[HOOKS[layer]] for _, layer in MEMBERS}
+    ref = {layer: found[hook_name(site, layer)] for site, layer in members}
     assert all(m["tokens_trained"] == 49_152 for m in ref.values())
 
     out, ckpt = tmp_path / "run", tmp_path / "run.ckpt"

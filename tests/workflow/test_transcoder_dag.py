@@ -20,9 +20,32 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The dictionaries and their report page (the baseline, provenance and cost pages are the
+    default run's, checked there: suite time)."""
     workdir = tmp_path_factory.mktemp("transcoder-run")
-    done = run_snakemake(load_test_config("transcoder"), workdir)
-    return workdir / "results", done
+    results = workdir / "results"
+    targets = [results / "saes" / "replacement.json", results / "report" / "sae_metrics.csv"]
+    done = run_snakemake(load_test_config("transcoder"), workdir, *map(str, targets))
+    return results, done
+
+
+def dry_run_jobs(config: dict, workdir) -> set[str]:
+    done = run_snakemake(config, workdir, "-n")
+    return {line.split()[0] for line in done.stdout.splitlines() if line[:1].isalpha()}
+
+
+def test_the_whole_run_stops_after_the_dictionaries(tmp_path):
+    """Attribution and interventions splice SAEs: `all` of a transcoder run has none of their
+    jobs, and still ends with the report's job costs. Streamed (sae.source stream), the
+    transcoders train in the stream jobs and nothing is captured."""
+    config = load_test_config("transcoder")
+    jobs = dry_run_jobs(config, tmp_path / "capture")
+    assert {"capture", "train_sae", "transcoder_replacement", "sae_summary", "job_costs"} <= jobs
+    assert not {"attribution", "interventions", "report_behaviour"} & jobs, jobs
+    config["sae"]["source"] = "stream"
+    jobs = dry_run_jobs(config, tmp_path / "stream")
+    assert {"train_sae_stream_mlp_out_layer_0", "transcoder_replacement"} <= jobs, jobs
+    assert not {"capture", "train_sae", "attribution"} & jobs, jobs
 
 
 def test_one_capture_feeds_a_transcoder_per_layer(run):
@@ -38,8 +61,8 @@ def test_one_capture_feeds_a_transcoder_per_layer(run):
         assert tc.cfg.metadata.hook_name_out == f"blocks.{layer}.hook_mlp_out"
         m = read_json(results / "saes" / "mlp_out" / f"layer_{layer}" / "metrics.json")
         assert m["kind"] == "transcoder" and m["explained_variance"] > 0.8, m
-    assert not (results / "attribution").exists() and not (results / "interventions").exists()
-    assert (results / "report" / "job_costs.html").is_file()
+    table = (results / "report" / "sae_metrics.csv").read_text().splitlines()
+    assert len(table) == 3 and all(row.startswith("mlp_out,") for row in table[1:])
 
 
 def test_replacement_loss_is_the_model_with_every_mlp_swapped_out(run):

@@ -34,13 +34,18 @@ if SAE_SOURCE == "capture":
             " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"
 
 
-if SAE_SOURCE == "capture" and TRANSCODERS:
+if TRANSCODERS:
 
-    # Each train_sae job measures its transcoder replacing its own MLP; this, all at once.
+    # Each transcoder's job measures it replacing its own MLP; this, all at once, on the same
+    # held-out contexts (an activation file's last ones, or the token set's when streamed).
     rule transcoder_replacement:
         input:
             saes=sae_outputs(),
-            acts=f"{OUT}/activations/mlp_in/layer_{LAYERS[0]}.h5",
+            held_out=(
+                TOKEN_SET
+                if SAE_SOURCE == "stream"
+                else [f"{OUT}/activations/mlp_in/layer_{LAYERS[0]}.h5"]
+            ),
             model=f"{OUT}/model/model.json",
         output:
             replacement_outputs(),
@@ -56,11 +61,12 @@ if SAE_SOURCE == "capture" and TRANSCODERS:
         resources:
             **job_resources("transcoder_replacement"),
         params:
-            cfg=config_json("seed", "device", "model", "sae"),
+            cfg=config_json("seed", "device", "model", "capture", "sae"),
+            held_out="--tokens" if SAE_SOURCE == "stream" else "--activations",
         shell:
             stage("transcoder_replacement")
-            + " --config {params.cfg} --transcoders {input.saes} --activations {input.acts}"
-            " --model-json {input.model} --out {output} > {log} 2>&1"
+            + " --config {params.cfg} --transcoders {input.saes} {params.held_out}"
+            " {input.held_out} --model-json {input.model} --out {output} > {log} 2>&1"
 
 
 if SAE_SOURCE == "stream":

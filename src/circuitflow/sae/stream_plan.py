@@ -45,6 +45,14 @@ class StreamGroup:
     def hooks(self) -> list[str]:
         return [hook_name(site, layer) for site, layer in self.members]
 
+    def read_hooks(self, kind: str) -> list[str]:
+        """The hooks its forward passes capture: each member's, and for transcoders
+        (`sae.kind`) each member's MLP input before its output."""
+        if kind != "transcoder":
+            return self.hooks
+        sites = ("mlp_in", "mlp_out")
+        return [hook_name(site, layer) for _, layer in self.members for site in sites]
+
     @property
     def depth(self) -> int:
         """stop_at_layer of the job's forward passes: the deepest member's layer + 1."""
@@ -134,6 +142,7 @@ def estimate_stream(
     batch_size: int,
     sparse: bool,
     token_bytes: int = 0,
+    hooks_per_sae: int = 1,
 ) -> StreamEstimate:
     """The streaming job's peak (see the module's docstring). Counted in bytes: the model's
     weights W, each SAE's fp32 parameters P (sae.plan.sae_param_bytes) with Adam's two
@@ -144,7 +153,9 @@ def estimate_stream(
     hook's float32 batch and one hook's gathered rows before they are widened; Adam's step
     (SAE_OPTIMISER_COPIES) as its own phase; in a refill, the forward pass's working memory per
     context (memory.estimate_forward, one hook's stored copy included) with the previous step's
-    batches still alive. `token_bytes`: the token set's pages the job reads (memory-mapped)."""
+    batches still alive. `token_bytes`: the token set's pages the job reads (memory-mapped).
+    `hooks_per_sae`: 2 for transcoders, which read the MLP's input and output (a buffer and a
+    batch each, joined into 2 d-wide rows)."""
     from circuitflow.sae.architectures import get
 
     d = model_cfg.d_model
@@ -156,12 +167,14 @@ def estimate_stream(
     if wide is None:
         raise ValueError(f"sae.fast cannot train {architecture}")
     order = buffer_rows * 8
-    buffer = n_saes * buffer_rows * d * s + 2 * order
+    n_hooks = n_saes * hooks_per_sae
+    buffer = n_hooks * buffer_rows * d * s + 2 * order
     host = token_bytes + 2 * order
     cpu = not device.startswith("cuda")
     adam = 2 * params * n_saes
-    batches = n_saes * d * 4  # every hook's float32 batch, per row
-    per_row = int((wide * d_sae + SAE_NARROW_PER_ROW * d) * 4) + batches + d * s
+    batches = n_hooks * d * 4  # every hook's float32 batch, per row
+    narrow = SAE_NARROW_PER_ROW + 2 * (hooks_per_sae - 1)  # a transcoder's [in | out] rows
+    per_row = int((wide * d_sae + narrow * d) * 4) + batches + d * s
     optimiser = weights + buffer + adam + n_saes * params + int(SAE_OPTIMISER_COPIES * params)
     optimiser += batches * batch_size + (host if cpu else 0)
     train = Estimate(
@@ -175,7 +188,7 @@ def estimate_stream(
         item="row",
     )
     fwd = estimate_forward(
-        model_cfg, n_params, t, stop_at, n_saes, compute_dtype, storage_dtype, device
+        model_cfg, n_params, t, stop_at, n_hooks, compute_dtype, storage_dtype, device
     )
     one_copy = 0 if not cpu else t * d * s  # estimate_forward counts it on CUDA
     forward = Estimate(
@@ -206,7 +219,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
         cfg, architectures.n_params(cfg), model_dtype(config, device), t, group.depth,
         sae_width(config, cfg.d_model), sae.architecture, len(group.members), rows,
         config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
-        token_bytes=4 * n_contexts * t,
+        token_bytes=4 * n_contexts * t, hooks_per_sae=2 if sae.kind == "transcoder" else 1,
     )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,11 @@ from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import save_checkpoint
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import as_hooked_sae_transformer, evaluate_sae
+from circuitflow.sae.metrics import (
+    as_hooked_sae_transformer,
+    evaluate_sae,
+    evaluate_transcoders,
+)
 from circuitflow.sae.plan import SAE_AUTO_MAX_BATCH
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.stage import param_bytes, resume_state
@@ -60,6 +65,7 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
+from circuitflow.sae.transcoder import is_transcoder, save_transcoder
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +137,7 @@ def estimate(model, cfg: SAETrainConfig, src: StreamSource, n_saes: int, stop_at
         model.cfg, n_params, next(model.parameters()).dtype, int(src.tokens.shape[1]), stop_at,
         d_sae, cfg.architecture, n_saes, buffer_rows, src.dtype, device, batch_size,
         cfg.uses_fast_trainer(), token_bytes=src.tokens.nbytes,
+        hooks_per_sae=2 if cfg.kind == "transcoder" else 1,
     )  # fmt: skip
 
 
@@ -221,6 +228,36 @@ class GroupTrainer(MultiSAETrainer):
             self.trainers[name].activation_scaler.scaling_factor = d_in**0.5 / (sums[name] / count)
 
 
+def transcoder_pairs(cfg: SAETrainConfig, group: StreamGroup) -> dict[str, tuple[str, str]]:
+    """sae.kind transcoder: each member's (MLP input hook, MLP output hook), by member hook."""
+    if cfg.kind != "transcoder":
+        return {}
+    reads = group.read_hooks(cfg.kind)
+    return {hook: (reads[2 * i], reads[2 * i + 1]) for i, hook in enumerate(group.hooks)}
+
+
+class PairedBatches:
+    """The stream's batches with each transcoder's two hooks joined into its [input | output]
+    rows (sae.transcoder.split), under the member's hook; position and seek are the stream's."""
+
+    def __init__(self, stream: ModelActivationStream, pairs: dict[str, tuple[str, str]]):
+        self.stream, self.pairs = stream, pairs
+
+    @property
+    def position(self) -> int:
+        return self.stream.position
+
+    def seek(self, position: int) -> None:
+        self.stream.seek(position)
+
+    def __iter__(self) -> PairedBatches:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        batch = next(self.stream)
+        return {name: torch.cat([batch[i], batch[o]], 1) for name, (i, o) in self.pairs.items()}
+
+
 @dataclass
 class GroupRun:
     trainer: GroupTrainer
@@ -264,15 +301,18 @@ def train(
     if state:
         counter.parts = dict(state["forward_equivalents"])
     stream = ModelActivationStream(
-        model, src.tokens, group.hooks, p.layout, p.batch_size, p.batch_contexts, group.depth,
+        model, src.tokens, group.read_hooks(cfg.kind), p.layout, p.batch_size, p.batch_contexts,
+        group.depth,
         skip=src.skip, dtype=src.dtype, position=state["data_position"] if state else 0,
         counter=counter,
     )  # fmt: skip
     trainers: dict[str, ControlledSAETrainer] = {}
     controllers: dict[str, SparsityController | None] = {}
+    pairs = transcoder_pairs(cfg, group)
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
-        sae = architectures.build_training_sae(cfg, model.cfg.d_model, hook, device)
+        hook_in, hook_out = pairs.get(hook, (hook, ""))
+        sae = architectures.build_training_sae(cfg, model.cfg.d_model, hook_in, device, hook_out)
         controllers[hook] = (
             SparsityController(cfg.target_l0, cfg.l1_coefficient, cfg.controller)
             if coefficient
@@ -314,7 +354,8 @@ def train(
                         f"SIGTERM: checkpointed at {gt.n_training_samples} tokens in {ckpt_root}"
                     )
 
-        group_trainer = GroupTrainer(trainer_cfg, trainers, stream, after_step)
+        batches = PairedBatches(stream, pairs) if pairs else stream
+        group_trainer = GroupTrainer(trainer_cfg, trainers, batches, after_step)
         if state is not None:
             for i, tr in enumerate(trainers.values()):
                 restore(tr, member_tensors(tensors, i), state["members"][i])
@@ -357,14 +398,18 @@ def summarise(
                  tr.n_training_steps)  # fmt: skip
     contexts = last_contexts(src.tokens, cfg.eval_contexts)
     counter = PassCounter()  # the evaluation's model passes
-    quality = evaluate_sae(
-        hooked,
-        saved_sae,
-        contexts,
+    if is_transcoder(saved_sae):
+        evaluate = partial(evaluate_transcoders, transcoders={member[1]: saved_sae})
+    else:
+        evaluate = partial(evaluate_sae, sae=saved_sae)
+    quality = evaluate(
+        model=hooked,
+        contexts=contexts,
         exclude_bos=bool(src.skip),
         bos_token_id=int(src.meta["bos_token_id"]),
         counter=counter,
     )
+    quality.pop("layers", None)
     controller = run.controllers[hook]
     history = controller.state.history if controller else []
     trained = tr.n_training_samples
@@ -379,10 +424,12 @@ def summarise(
         "tokens_per_s": (trained - run.tokens_at_start) / run.session_s,
         "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
         "planned_memory_mb": planned / memory.MiB,
+        "kind": cfg.kind,
         "architecture": cfg.architecture,
         "d_in": int(saved_sae.cfg.d_in),
         "d_sae": saved_sae.cfg.d_sae,
-        "hook_name": hook,
+        "hook_name": saved_sae.cfg.metadata.hook_name,
+        **({"hook_name_out": hook} if is_transcoder(saved_sae) else {}),
         "layer": member[1],
         "site": member[0],
         "device": device,
@@ -443,7 +490,11 @@ def train_stream_group(
     for hook, member, out in zip(group.hooks, members, outs, strict=True):
         # Save, reload from disk and evaluate the artifact exactly as downstream stages see it.
         with atomic_dir(out) as tmp:
-            run.trainer.trainers[hook].sae.save_inference_model(tmp)
+            sae = run.trainer.trainers[hook].sae
+            if cfg.kind == "transcoder":
+                save_transcoder(sae, tmp, cfg.architecture)
+            else:
+                sae.save_inference_model(tmp)
             saved = SAE.load_from_disk(tmp, device=device)
             metrics = summarise(run, hook, member, saved, cfg, src, p, group, device, hooked)
             write_json(tmp / "metrics.json", metrics)
