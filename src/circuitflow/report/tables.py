@@ -84,6 +84,7 @@ def note(text: str) -> str:
 SAE_COLUMNS = [
     "site",
     "layer",
+    "kind",  # sae, or transcoder: its explained variance and CE are of the MLP it replaces
     "architecture",
     "d_in",
     "d_sae",
@@ -107,7 +108,7 @@ def read_sae_metrics(sae_dirs: list[Path | str]) -> list[dict]:
 
 
 def sae_table(metrics: list[dict]) -> pd.DataFrame:
-    rows = [{c: m.get(c) for c in SAE_COLUMNS} for m in metrics]
+    rows = [{c: m.get(c) for c in SAE_COLUMNS} | {"kind": m.get("kind", "sae")} for m in metrics]
     frame = pd.DataFrame(rows, columns=SAE_COLUMNS)
     return frame.sort_values(["site", "layer"]).reset_index(drop=True)
 
