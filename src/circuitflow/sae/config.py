@@ -40,6 +40,8 @@ class JumpReLUConfig:
     dead_window_steps: int | None = _J["dead_window_steps"]
 
 
+# Hooks each dictionary kind reads a row from: a transcoder its MLP's input and output.
+HOOKS_READ = {"sae": 1, "transcoder": 2}
 TRAINERS = ("auto", "fast", "saelens")  # the schema's enum of sae.trainer (a test checks)
 _S, _P = _D["stream"], _D["pretrained"]
 

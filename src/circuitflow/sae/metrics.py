@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ from transformer_lens import HookedTransformer
 from circuitflow.devices import precise_math
 from circuitflow.metrics import next_token_losses
 from circuitflow.perf import PassCounter
+from circuitflow.sae.transcoder import is_transcoder
 
 
 def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
@@ -26,6 +28,70 @@ def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
     return hooked.to(model.cfg.device).eval()
 
 
+# --- what both evaluations accumulate -------------------------------------------------------------
+# Long sums in float64: 64 contexts x 31 tokens of losses, 10^5 squared activations.
+@dataclass
+class Reconstruction:
+    """Running float64 sums behind a dictionary's L0 and the explained variance of its
+    target (an SAE's input, a transcoder's MLP output) by its output, about the target's mean
+    over every evaluated position."""
+
+    sq_err: float = 0.0
+    l0: float = 0.0
+    target_sum: torch.Tensor | float = 0.0
+    target_sq: float = 0.0
+    n: int = 0
+
+    def add(self, target: torch.Tensor, recon: torch.Tensor, feats: torch.Tensor) -> None:
+        """`target` and `recon` float32 [n, d], `feats` the dictionary's activations [n, d_sae]."""
+        self.sq_err += (target - recon).double().pow(2).sum().item()
+        self.l0 += (feats != 0).sum().item()
+        self.target_sum = self.target_sum + target.double().sum(0)
+        self.target_sq += target.double().pow(2).sum().item()
+        self.n += target.shape[0]
+
+    def result(self) -> dict[str, float]:
+        total_var = self.target_sq - self.target_sum.pow(2).sum().item() / self.n
+        return {"l0": self.l0 / self.n, "explained_variance": 1.0 - self.sq_err / total_var}
+
+
+@dataclass
+class Losses:
+    """Running float64 sums of the next-token losses of the clean, spliced and ablated runs."""
+
+    sums: dict[str, float] = field(
+        default_factory=lambda: {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
+    )
+    n_tokens: int = 0
+
+    def add(self, toks: torch.Tensor, **logits: torch.Tensor) -> None:
+        """`logits` by key of `sums` (float32 losses whatever the logits' dtype)."""
+        for key, out in logits.items():
+            self.sums[key] += next_token_losses(out, toks).double().sum().item()
+        self.n_tokens += toks.shape[0] * (toks.shape[1] - 1)
+
+    def result(self) -> dict[str, float | None]:
+        ce = {k: v / self.n_tokens for k, v in self.sums.items()}
+        denom = ce["ce_zero"] - ce["ce_clean"]
+        recovered = (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None
+        return {**ce, "ce_loss_recovered": recovered}
+
+
+def trained_positions(toks: torch.Tensor, exclude_bos: bool, bos_token_id: int) -> torch.Tensor:
+    """Where the dictionary was trained: every position but BOS when its data excluded BOS."""
+    return (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
+
+
+def zero_at(keep: torch.Tensor):
+    """A hook zeroing the activation at `keep`'s positions (the ablation baseline)."""
+
+    def zero(act: torch.Tensor, hook: object) -> torch.Tensor:
+        return act * (~keep).unsqueeze(-1).to(act.dtype)
+
+    return zero
+
+
+# --- the evaluations ------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate_sae(
     model: HookedTransformer,
@@ -54,32 +120,18 @@ def evaluate_sae(
     device = hooked.cfg.device
     sae = sae.to(device).eval()
     exclude = [bos_token_id] if exclude_bos else False
-
-    # Long sums in float64: 64 contexts x 31 tokens of losses, 10^5 squared activations.
-    ce_sum = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
-    n_tokens = 0
-    sq_err = l0_sum = 0.0
-    x_sum: torch.Tensor | None = None
-    x_sq_sum = 0.0
-    n_pos = 0
+    recon, losses = Reconstruction(), Losses()
     with precise_math():
         for start in range(0, len(contexts), batch_size):
             toks = contexts[start : start + batch_size].to(device)
-            keep = (
-                (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
-            )
+            keep = trained_positions(toks, exclude_bos, bos_token_id)
 
             with counter.part("ce_clean"):
                 logits, cache = hooked.run_with_cache(toks, names_filter=hook_name)
                 counter.forward(len(toks))
             x = cache[hook_name][keep].float()
             feats = sae.encode(x.to(sae.dtype))
-            recon = sae.decode(feats).float()
-            sq_err += (x - recon).double().pow(2).sum().item()
-            l0_sum += (feats != 0).sum().item()
-            x_sum = x.double().sum(0) if x_sum is None else x_sum + x.double().sum(0)
-            x_sq_sum += x.double().pow(2).sum().item()
-            n_pos += x.shape[0]
+            recon.add(x, sae.decode(feats).float(), feats)
 
             hooked.add_sae(sae, use_error_term=False, exclude_special_tokens=exclude)
             try:
@@ -89,33 +141,11 @@ def evaluate_sae(
             finally:
                 hooked.reset_saes()
 
-            def zero_hook(
-                act: torch.Tensor, hook: object, keep: torch.Tensor = keep
-            ) -> torch.Tensor:
-                return act * (~keep).unsqueeze(-1).to(act.dtype)
-
             with counter.part("ce_zero"):
-                logits_zero = hooked.run_with_hooks(toks, fwd_hooks=[(hook_name, zero_hook)])
+                logits_zero = hooked.run_with_hooks(toks, fwd_hooks=[(hook_name, zero_at(keep))])
                 counter.forward(len(toks))
-            for key, out in (
-                ("ce_clean", logits),
-                ("ce_sae", logits_sae),
-                ("ce_zero", logits_zero),
-            ):
-                ce_sum[key] += next_token_losses(out, toks).double().sum().item()
-            n_tokens += toks.shape[0] * (toks.shape[1] - 1)
-
-    ce = {k: v / n_tokens for k, v in ce_sum.items()}
-    assert x_sum is not None
-    # Total variance about the mean over all evaluated positions.
-    total_var_num = x_sq_sum - (x_sum.pow(2).sum().item() / n_pos)
-    denom = ce["ce_zero"] - ce["ce_clean"]
-    return {
-        "l0": l0_sum / n_pos,
-        "explained_variance": 1.0 - sq_err / total_var_num,
-        **ce,
-        "ce_loss_recovered": (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None,
-    }
+            losses.add(toks, ce_clean=logits, ce_sae=logits_sae, ce_zero=logits_zero)
+    return {**recon.result(), **losses.result()}
 
 
 @torch.no_grad()
@@ -146,9 +176,8 @@ def evaluate_transcoders(
     for tc in transcoders.values():
         tc.to(device).eval()
     names = sorted({name for pair in hooks.values() for name in pair})
-    ce_sum = {"ce_clean": 0.0, "ce_sae": 0.0, "ce_zero": 0.0}
-    stats = {layer: {"sq_err": 0.0, "l0": 0.0, "x_sum": 0.0, "x_sq": 0.0} for layer in hooks}
-    n_tokens = n_pos = 0
+    recon = {layer: Reconstruction() for layer in hooks}
+    losses = Losses()
 
     def replace(layer: int, keep: torch.Tensor, stash: dict) -> list:
         tc = transcoders[layer]
@@ -166,48 +195,35 @@ def evaluate_transcoders(
     with precise_math():
         for start in range(0, len(contexts), batch_size):
             toks = contexts[start : start + batch_size].to(device)
-            keep = (
-                (toks != bos_token_id) if exclude_bos else torch.ones_like(toks, dtype=torch.bool)
-            )
+            keep = trained_positions(toks, exclude_bos, bos_token_id)
             with counter.part("ce_clean"):
                 logits, cache = model.run_with_cache(toks, names_filter=names)
                 counter.forward(len(toks))
             for layer, (hook_in, hook_out) in hooks.items():
-                tc, s = transcoders[layer], stats[layer]
-                x, y = cache[hook_in][keep].float(), cache[hook_out][keep].double()
-                feats = tc.encode(x.to(tc.dtype))
-                s["sq_err"] += (y - tc.decode(feats).double()).pow(2).sum().item()
-                s["l0"] += (feats != 0).sum().item()
-                s["x_sum"] = s["x_sum"] + y.sum(0)
-                s["x_sq"] += y.pow(2).sum().item()
-            n_pos += int(keep.sum())
+                tc = transcoders[layer]
+                feats = tc.encode(cache[hook_in][keep].to(tc.dtype))
+                recon[layer].add(cache[hook_out][keep].float(), tc.decode(feats).float(), feats)
             stash: dict[int, torch.Tensor] = {}
             fwd = [hook for layer in hooks for hook in replace(layer, keep, stash)]
             with counter.part("ce_sae"):
                 logits_tc = model.run_with_hooks(toks, fwd_hooks=fwd)
                 counter.forward(len(toks))
-
-            def zero(act: torch.Tensor, hook: object, keep: torch.Tensor = keep) -> torch.Tensor:
-                return act * (~keep).unsqueeze(-1).to(act.dtype)
-
             with counter.part("ce_zero"):
-                zeroed = [(out, zero) for _, out in hooks.values()]
+                zeroed = [(out, zero_at(keep)) for _, out in hooks.values()]
                 logits_zero = model.run_with_hooks(toks, fwd_hooks=zeroed)
                 counter.forward(len(toks))
-            for key, out in (("ce_clean", logits), ("ce_sae", logits_tc), ("ce_zero", logits_zero)):
-                ce_sum[key] += next_token_losses(out, toks).double().sum().item()
-            n_tokens += toks.shape[0] * (toks.shape[1] - 1)
+            losses.add(toks, ce_clean=logits, ce_sae=logits_tc, ce_zero=logits_zero)
 
-    ce = {k: v / n_tokens for k, v in ce_sum.items()}
-    denom = ce["ce_zero"] - ce["ce_clean"]
-    layers = {}
-    for layer, s in stats.items():
-        total_var = s["x_sq"] - s["x_sum"].pow(2).sum().item() / n_pos
-        layers[layer] = {"l0": s["l0"] / n_pos, "explained_variance": 1.0 - s["sq_err"] / total_var}
+    layers = {layer: r.result() for layer, r in recon.items()}
     single = next(iter(layers.values())) if len(layers) == 1 else {}
-    return {
-        **single,
-        **ce,
-        "ce_loss_recovered": (ce["ce_zero"] - ce["ce_sae"]) / denom if denom != 0 else None,
-        "layers": layers,
-    }
+    return {**single, **losses.result(), "layers": layers}
+
+
+def evaluate_dictionary(model, dictionary, layer: int, contexts: torch.Tensor, **kwargs) -> dict:
+    """An SAE (evaluate_sae) or a transcoder replacing its layer's MLP alone
+    (evaluate_transcoders), with the keys of metrics.json."""
+    if not is_transcoder(dictionary):
+        return evaluate_sae(model, dictionary, contexts, **kwargs)
+    quality = evaluate_transcoders(model, {layer: dictionary}, contexts, **kwargs)
+    quality.pop("layers")
+    return quality

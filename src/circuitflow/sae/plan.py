@@ -18,6 +18,7 @@ from circuitflow.memory import (
 )
 from circuitflow.model import architectures
 from circuitflow.perf import Work, forward_flops_per_token, sae_training_flops_per_token
+from circuitflow.sae.config import HOOKS_READ
 
 # SAE training: tensors of width d_sae per training row alive at the step's peak (each
 # architecture's `wide_per_row` in circuitflow.sae.architectures), plus d_in-wide ones (input,
@@ -141,7 +142,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         cfg.d_model, sae_width(config, cfg.d_model), sae["architecture"], device, n_rows,
         sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
         resident=n_params * dtype_bytes(model_dtype(config, device)),
-        n_files=2 if sae["kind"] == "transcoder" else 1,
+        n_files=HOOKS_READ[sae["kind"]],
     )  # fmt: skip
     real = config["model"]["name"] != "embedded"
     return max(load_bytes(n_params) if real else 0, est.host_peak(training_batch(config)))
@@ -162,8 +163,8 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
         dictionaries = 2 * n_hooks(config) * 4.0 * cfg.d_model * width
         return Work({"float32": evaluation + sae["eval_contexts"] * t * dictionaries})
     training = tokens * sae_training_flops_per_token(cfg.d_model, sae_width(config, cfg.d_model))
-    n_files = 2 if sae["kind"] == "transcoder" else 1  # a transcoder reads input and target
-    read = n_files * tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
+    # A transcoder reads its input and its target.
+    read = HOOKS_READ[sae["kind"]] * tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
     return Work({"float32": training + evaluation}, disk_bytes=read)
 
 

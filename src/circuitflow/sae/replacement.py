@@ -11,6 +11,7 @@ from typing import Any
 from circuitflow.capture.files import read_activation_info
 from circuitflow.devices import resolve_device
 from circuitflow.io import write_json
+from circuitflow.nodes import site_layer
 from circuitflow.perf import PassCounter
 from circuitflow.sae.data import load_eval_contexts
 from circuitflow.sae.files import load_sae
@@ -48,7 +49,7 @@ def run(
     transcoders = {}
     for d in transcoder_dirs:
         tc = load_sae(d, device)
-        transcoders[int(tc.cfg.metadata.hook_name_out.split(".")[1])] = tc
+        transcoders[site_layer(tc.cfg.metadata.hook_name_out)[1]] = tc
     model = load_model(Path(model_json).parent, device, config["model"]["dtype"])
     counter = PassCounter()
     metrics = evaluate_transcoders(

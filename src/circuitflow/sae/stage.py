@@ -16,7 +16,6 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,10 @@ from circuitflow.sae.checkpoint import (
     save_checkpoint,
     set_aside,
 )
-from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import evaluate_sae, evaluate_transcoders
+from circuitflow.sae.metrics import evaluate_dictionary
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.trainer import (
     ControlledSAETrainer,
@@ -52,7 +51,7 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.transcoder import PairedActivationStream, check_pair, save_transcoder
+from circuitflow.sae.transcoder import PairedActivationStream, check_pair, save_dictionary
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ def memory_estimate(
         chunk_rows=info.chunk_rows,
         resident=resident,
         sparse=cfg.uses_fast_trainer(),
-        n_files=2 if cfg.kind == "transcoder" else 1,
+        n_files=HOOKS_READ[cfg.kind],
     )
 
 
@@ -141,7 +140,7 @@ class Inputs:
     @classmethod
     def read(cls, cfg: SAETrainConfig, activations) -> Inputs:
         paths = [activations] if isinstance(activations, str | Path) else list(activations)
-        want = 2 if cfg.kind == "transcoder" else 1
+        want = HOOKS_READ[cfg.kind]
         if len(paths) != want:
             what = "the MLP's input and output files" if want == 2 else "one activation file"
             raise ConfigError(f"--activations: sae.kind {cfg.kind} trains on {what}, got {paths}")
@@ -251,18 +250,15 @@ def summarise(
     window = min(dead_window_steps(cfg), tr.n_training_steps)
     contexts = load_eval_contexts(info, cfg.eval_contexts)
     counter = PassCounter()  # the evaluation's model passes (training steps are tokens_trained)
-    if inputs.target is not None:
-        evaluate = partial(evaluate_transcoders, transcoders={info.layer: saved_sae})
-    else:
-        evaluate = partial(evaluate_sae, sae=saved_sae)
-    quality = evaluate(
-        model=model,
-        contexts=contexts,
+    quality = evaluate_dictionary(
+        model,
+        saved_sae,
+        info.layer,
+        contexts,
         exclude_bos=info.bos_excluded,
         bos_token_id=info.bos_token_id,
         counter=counter,
     )
-    quality.pop("layers", None)
     history = run.controller.state.history if run.controller else []
     resident = param_bytes(model)
     return {
@@ -323,10 +319,7 @@ def train_sae(
     run = train(cfg, inputs, device, ckpt_root, fp, state, tensors)
     # Save, reload from disk and evaluate the artifact exactly as downstream stages will see it.
     with atomic_dir(out_dir) as tmp:
-        if inputs.target is not None:
-            save_transcoder(run.trainer.sae, tmp, cfg.architecture)
-        else:
-            run.trainer.sae.save_inference_model(tmp)
+        save_dictionary(run.trainer.sae, tmp, cfg.architecture)
         saved = SAE.load_from_disk(tmp, device=device)
         metrics = summarise(run, saved, cfg, inputs, device, model)
         write_json(tmp / "metrics.json", metrics)

@@ -45,13 +45,17 @@ class StreamGroup:
     def hooks(self) -> list[str]:
         return [hook_name(site, layer) for site, layer in self.members]
 
+    def transcoder_pairs(self) -> dict[str, tuple[str, str]]:
+        """Each member (an MLP output, sae.kind transcoder) by hook: (MLP input, its hook)."""
+        return {hook_name(s, layer): (hook_name("mlp_in", layer), hook_name(s, layer))
+                for s, layer in self.members}  # fmt: skip
+
     def read_hooks(self, kind: str) -> list[str]:
         """The hooks its forward passes capture: each member's, and for transcoders
         (`sae.kind`) each member's MLP input before its output."""
         if kind != "transcoder":
             return self.hooks
-        sites = ("mlp_in", "mlp_out")
-        return [hook_name(site, layer) for _, layer in self.members for site in sites]
+        return [hook for pair in self.transcoder_pairs().values() for hook in pair]
 
     @property
     def depth(self) -> int:
@@ -206,7 +210,7 @@ def estimate_stream(
 def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEstimate:
     """estimate_stream for `group` from the config alone (the model's shape, the token set's
     size, the config's SAE batch)."""
-    from circuitflow.sae.config import SAETrainConfig
+    from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 
     cfg = architectures.model_cfg(config)
     sae = SAETrainConfig.from_config(config)
@@ -219,7 +223,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
         cfg, architectures.n_params(cfg), model_dtype(config, device), t, group.depth,
         sae_width(config, cfg.d_model), sae.architecture, len(group.members), rows,
         config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
-        token_bytes=4 * n_contexts * t, hooks_per_sae=2 if sae.kind == "transcoder" else 1,
+        token_bytes=4 * n_contexts * t, hooks_per_sae=HOOKS_READ[sae.kind],
     )  # fmt: skip
 
 

@@ -25,7 +25,6 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,9 @@ from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
 from circuitflow.sae.checkpoint import save_checkpoint
-from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import (
-    as_hooked_sae_transformer,
-    evaluate_sae,
-    evaluate_transcoders,
-)
+from circuitflow.sae.metrics import as_hooked_sae_transformer, evaluate_dictionary
 from circuitflow.sae.plan import SAE_AUTO_MAX_BATCH
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.stage import param_bytes, resume_state
@@ -65,7 +60,7 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.transcoder import is_transcoder, save_transcoder
+from circuitflow.sae.transcoder import is_transcoder, save_dictionary
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +132,7 @@ def estimate(model, cfg: SAETrainConfig, src: StreamSource, n_saes: int, stop_at
         model.cfg, n_params, next(model.parameters()).dtype, int(src.tokens.shape[1]), stop_at,
         d_sae, cfg.architecture, n_saes, buffer_rows, src.dtype, device, batch_size,
         cfg.uses_fast_trainer(), token_bytes=src.tokens.nbytes,
-        hooks_per_sae=2 if cfg.kind == "transcoder" else 1,
+        hooks_per_sae=HOOKS_READ[cfg.kind],
     )  # fmt: skip
 
 
@@ -228,14 +223,6 @@ class GroupTrainer(MultiSAETrainer):
             self.trainers[name].activation_scaler.scaling_factor = d_in**0.5 / (sums[name] / count)
 
 
-def transcoder_pairs(cfg: SAETrainConfig, group: StreamGroup) -> dict[str, tuple[str, str]]:
-    """sae.kind transcoder: each member's (MLP input hook, MLP output hook), by member hook."""
-    if cfg.kind != "transcoder":
-        return {}
-    reads = group.read_hooks(cfg.kind)
-    return {hook: (reads[2 * i], reads[2 * i + 1]) for i, hook in enumerate(group.hooks)}
-
-
 class PairedBatches:
     """The stream's batches with each transcoder's two hooks joined into its [input | output]
     rows (sae.transcoder.split), under the member's hook; position and seek are the stream's."""
@@ -308,7 +295,7 @@ def train(
     )  # fmt: skip
     trainers: dict[str, ControlledSAETrainer] = {}
     controllers: dict[str, SparsityController | None] = {}
-    pairs = transcoder_pairs(cfg, group)
+    pairs = group.transcoder_pairs() if cfg.kind == "transcoder" else {}
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
         hook_in, hook_out = pairs.get(hook, (hook, ""))
@@ -398,18 +385,15 @@ def summarise(
                  tr.n_training_steps)  # fmt: skip
     contexts = last_contexts(src.tokens, cfg.eval_contexts)
     counter = PassCounter()  # the evaluation's model passes
-    if is_transcoder(saved_sae):
-        evaluate = partial(evaluate_transcoders, transcoders={member[1]: saved_sae})
-    else:
-        evaluate = partial(evaluate_sae, sae=saved_sae)
-    quality = evaluate(
-        model=hooked,
-        contexts=contexts,
+    quality = evaluate_dictionary(
+        hooked,
+        saved_sae,
+        member[1],
+        contexts,
         exclude_bos=bool(src.skip),
         bos_token_id=int(src.meta["bos_token_id"]),
         counter=counter,
     )
-    quality.pop("layers", None)
     controller = run.controllers[hook]
     history = controller.state.history if controller else []
     trained = tr.n_training_samples
@@ -490,11 +474,7 @@ def train_stream_group(
     for hook, member, out in zip(group.hooks, members, outs, strict=True):
         # Save, reload from disk and evaluate the artifact exactly as downstream stages see it.
         with atomic_dir(out) as tmp:
-            sae = run.trainer.trainers[hook].sae
-            if cfg.kind == "transcoder":
-                save_transcoder(sae, tmp, cfg.architecture)
-            else:
-                sae.save_inference_model(tmp)
+            save_dictionary(run.trainer.trainers[hook].sae, tmp, cfg.architecture)
             saved = SAE.load_from_disk(tmp, device=device)
             metrics = summarise(run, hook, member, saved, cfg, src, p, group, device, hooked)
             write_json(tmp / "metrics.json", metrics)

@@ -159,6 +159,15 @@ def save_transcoder(sae: Any, path: Path | str, architecture: str) -> None:
     (path / "cfg.json").write_text(json.dumps(cfg))
 
 
+def save_dictionary(sae: Any, path: Path | str, architecture: str) -> None:
+    """A trained dictionary in SAELens's format: a transcoder as save_transcoder writes it, an
+    SAE as SAELens's save_inference_model does."""
+    if is_transcoder(sae):
+        save_transcoder(sae, path, architecture)
+    else:
+        sae.save_inference_model(path)
+
+
 # --- paired activation files -------------------------------------------------------------------
 def check_pair(info_in: ActivationFileInfo, info_out: ActivationFileInfo) -> None:
     """Refuse two activation files that are not one capture's rows of the same tokens."""
