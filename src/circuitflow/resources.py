@@ -28,6 +28,7 @@ from types import ModuleType
 
 from circuitflow import baseline, perf
 from circuitflow.attribution import plan as attribution_plan
+from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
 from circuitflow.interventions import plan as interventions_plan
@@ -83,6 +84,7 @@ RULES = {
     "prefetch_saes": Rule("cpu", "model", pretrained_plan),  # a localrule: the login node
     "pretrained_sae": Rule("gpu", "model", pretrained_plan),
     "attribution": Rule("gpu", "model", attribution_plan),
+    "prompt_graphs": Rule("gpu", "model", prompt_graphs_plan),  # sae.kind transcoder
     "interventions": Rule("gpu", "model", interventions_plan),
     "interventions_across": Rule("light", "report"),
     "sae_summary": Rule("light", "report"),

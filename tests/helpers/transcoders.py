@@ -30,3 +30,51 @@ def swapped_loss(model, transcoders: dict[int, object], tokens: torch.Tensor) ->
     for layer, tc in transcoders.items():
         swapped.blocks[layer].mlp = SwappedMLP(tc, swapped.blocks[layer])
     return swapped(tokens, return_type="loss").item()
+
+
+def random_transcoders(model, d_sae: int = 96, k: int = 6, seed: int = 0) -> dict[int, object]:
+    """A TopK transcoder per layer of `model` with random weights (SAELens's classes, as the
+    stage loads them): a graph's exactness must not depend on how good they are."""
+    from sae_lens.saes.sae import SAEMetadata
+
+    from circuitflow.nodes import hook_name, mlp_hook
+    from circuitflow.sae.transcoder import TopKTranscoder, TopKTranscoderConfig
+
+    g = torch.Generator().manual_seed(seed)
+    d = model.cfg.d_model
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        meta = SAEMetadata(hook_name=hook_name("mlp_in", layer), hook_name_out=mlp_hook(layer))
+        cfg = TopKTranscoderConfig(d_in=d, d_sae=d_sae, d_out=d, k=k, metadata=meta,
+                                   apply_b_dec_to_input=False)  # fmt: skip
+        tc = TopKTranscoder(cfg)
+        with torch.no_grad():
+            for p in tc.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+                p.requires_grad_(False)
+        out[layer] = tc.eval()
+    return out
+
+
+class ReplacedMLP(torch.nn.Module):
+    """A block's MLP replaced by its transcoder of the MLP's own input plus fixed error
+    vectors [P, d] (the replacement model with its error nodes), BOS left to the real MLP."""
+
+    def __init__(self, tc, block, error):
+        super().__init__()
+        self.swapped, self.error = SwappedMLP(tc, block), error
+
+    def forward(self, x):
+        out = self.swapped(x)
+        out[:, 1:] = out[:, 1:] + self.error[1:]
+        return out
+
+
+@torch.no_grad()
+def replaced_logits(model, transcoders, errors: dict[int, torch.Tensor], tokens) -> torch.Tensor:
+    """The logits of `model` with every MLP in `transcoders` a ReplacedMLP (module swap)."""
+    replaced = copy.deepcopy(model)
+    for layer, tc in transcoders.items():
+        block = replaced.blocks[layer]
+        block.mlp = ReplacedMLP(tc, block, errors[layer])
+    return replaced(tokens[None], return_type="logits")[0]

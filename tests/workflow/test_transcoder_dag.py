@@ -1,7 +1,7 @@
 """sae.kind transcoder through the real DAG (.test/config/transcoder.yaml, the embedded model):
 capture writes each layer's MLP input and output from one pass, train_sae trains a transcoder
-per layer, transcoder_replacement replaces every MLP at once, and the run stops before
-attribution, which splices SAEs."""
+per layer, transcoder_replacement replaces every MLP at once, prompt_graphs draws per-prompt
+graphs, and the run stops before attribution and interventions, which splice SAEs."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def run(tmp_path_factory):
     default run's, checked there: suite time)."""
     workdir = tmp_path_factory.mktemp("transcoder-run")
     results = workdir / "results"
-    targets = [results / "saes" / "replacement.json", results / "report" / "sae_metrics.csv"]
+    targets = [results / "saes" / "replacement.json", results / "report" / "sae_metrics.csv",
+               results / "attribution" / "induction" / "prompt_graphs"]  # fmt: skip
     done = run_snakemake(load_test_config("transcoder"), workdir, *map(str, targets))
     return results, done
 
@@ -35,13 +36,14 @@ def dry_run_jobs(config: dict, workdir) -> set[str]:
     return {line.split()[0] for line in done.stdout.splitlines() if line[:1].isalpha()}
 
 
-def test_the_whole_run_stops_after_the_dictionaries(tmp_path):
+def test_the_whole_run_stops_after_the_prompt_graphs(tmp_path):
     """Attribution and interventions splice SAEs: `all` of a transcoder run has none of their
-    jobs, and still ends with the report's job costs. Streamed (sae.source stream), the
-    transcoders train in the stream jobs and nothing is captured."""
+    jobs, draws the per-prompt graphs, and still ends with the report's job costs. Streamed
+    (sae.source stream), the transcoders train in the stream jobs and nothing is captured."""
     config = load_test_config("transcoder")
     jobs = dry_run_jobs(config, tmp_path / "capture")
-    assert {"capture", "train_sae", "transcoder_replacement", "sae_summary", "job_costs"} <= jobs
+    assert {"capture", "train_sae", "transcoder_replacement", "sae_summary", "job_costs",
+            "prompt_graphs"} <= jobs  # fmt: skip
     assert not {"attribution", "interventions", "report_behaviour"} & jobs, jobs
     config["sae"]["source"] = "stream"
     jobs = dry_run_jobs(config, tmp_path / "stream")
@@ -88,3 +90,28 @@ def test_replacement_loss_is_the_model_with_every_mlp_swapped_out(run):
     assert got["ce_clean"] == alone[0]["ce_clean"]
     assert got["ce_zero"] > max(m["ce_zero"] for m in alone)
     assert got["ce_loss_recovered"] > 0.8 and set(got["layers"]) == {"0", "1"}
+
+
+def test_prompt_graphs_are_circuit_tracer_files_with_a_summary(run):
+    """attribution/{behaviour}/prompt_graphs: a graph file per prompt (the first
+    attribution.prompt_graphs), listed in graph-metadata.json, each graph exact (its linearity
+    error) and checked on the model (validation), its cost counted."""
+    results, _ = run
+    folder = results / "attribution" / "induction" / "prompt_graphs"
+    config = load_test_config("transcoder")
+    n = config["attribution"]["prompt_graphs"]
+    summary = read_json(folder / "summary.json")
+    index = read_json(folder / "graph-metadata.json")
+    slugs = [g["metadata"]["slug"] for g in map(read_json, sorted(folder.glob("induction-*.json")))]
+    assert sorted(g["slug"] for g in index["graphs"]) == sorted(slugs)
+    assert [g["slug"] for g in summary["graphs"]] == [f"induction-{i}" for i in range(n)]
+    assert summary["linearity_max_abs_error"] < 1e-3
+    for g in summary["graphs"]:
+        assert 0 < g["replacement_score"] <= 1 and 0 < g["completeness_score"] <= 1
+        assert g["validation"]["spliced_metric"] == pytest.approx(g["metric"], abs=1e-4)
+        assert g["forward_equivalents"] >= 3 * g["n_features"]
+    parts = summary["forward_equivalents_by_part"]
+    assert {"graph_rows", "edge_heads", "validation"} <= set(parts), parts
+    graph = read_json(folder / "induction-0.json")
+    assert {n["feature_type"] for n in graph["nodes"]} >= {"embedding", "logit"}
+    assert graph["circuitflow"]["prompt_id"] == 0

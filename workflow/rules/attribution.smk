@@ -64,3 +64,33 @@ rule attribution:
         + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --saes {input.saes}"
         " --activations {input.acts} {params.tokens} --out-dir {params.out_dir} 2> {log}"
+
+
+# sae.kind transcoder: per prompt, the exact attribution graph of the local replacement model
+# (circuit-tracer's), pruned by influence, as circuit-tracer graph files.
+# Code: src/circuitflow/attribution/prompt_graphs/.
+rule prompt_graphs:
+    input:
+        model=f"{OUT}/model/model.json",
+        prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
+        transcoders=sae_outputs(),
+    output:
+        directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
+    log:
+        f"{OUT}/logs/prompt_graphs/{{behaviour}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/prompt_graphs/{{behaviour}}.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("prompt_graphs")
+    resources:
+        **job_resources("prompt_graphs"),
+    params:
+        cfg=config_json("device", "model", "attribution", "capture"),
+    shell:
+        stage("prompt_graphs")
+        + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
+        " --model-json {input.model} --transcoders {input.transcoders} --out-dir {output}"
+        " 2> {log}"

@@ -218,11 +218,19 @@ def job_threads(rule):
 ATTR = f"{OUT}/attribution"
 
 
+def prompt_graph_outputs():
+    """sae.kind transcoder: per-prompt replacement graphs (attribution.prompt_graphs > 0)."""
+    if not TRANSCODERS or not config["attribution"]["prompt_graphs"]:
+        return []
+    return expand(f"{ATTR}/{{behaviour}}/prompt_graphs", behaviour=BEHAVIOURS)
+
+
 def attribution_outputs():
     """Attribution and interventions splice SAEs: a run of transcoders (sae.kind transcoder)
-    trains, measures and reports its dictionaries and stops there."""
+    trains, measures and reports its dictionaries, draws its per-prompt graphs and stops there.
+    """
     if TRANSCODERS:
-        return []
+        return prompt_graph_outputs()
     return expand(
         f"{ATTR}/{{behaviour}}/{{name}}",
         behaviour=BEHAVIOURS,

@@ -34,6 +34,14 @@ class AttributionConfig:
     context_window: int = _D["context_window"]
     context_max_tokens: int = _D["context_max_tokens"]
     top_features_plot: int = _D["top_features_plot"]
+    # Per-prompt replacement graphs on transcoders (sae.kind transcoder; prompt_graphs/).
+    prompt_graphs: int = _D["prompt_graphs"]  # the first N prompts of each behaviour
+    prompt_graph_node_threshold: float = _D["prompt_graph_node_threshold"]
+    prompt_graph_edge_threshold: float = _D["prompt_graph_edge_threshold"]
+    max_feature_nodes: int = _D["max_feature_nodes"]
+    prompt_graph_batch_size: int = _D["prompt_graph_batch_size"]
+    prompt_graph_edge_heads: int = _D["prompt_graph_edge_heads"]  # heads split per target
+    prompt_graph_validation_features: int = _D["prompt_graph_validation_features"]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> AttributionConfig:

@@ -1,0 +1,527 @@
+"""One prompt's attribution graph in the local replacement model (circuit-tracer's construction,
+on the transcoders the pipeline trained).
+
+The replacement model is the real model run on the prompt with three things held at their clean
+values: every attention pattern (`hook_pattern`), every norm's denominator (`hook_scale`), and
+every MLP's output (`hook_mlp_out`), which is split into its transcoder's active features
+(activation x decoder row), the transcoder's decoder bias and an error node (the real output
+minus the transcoder's). What is left is linear in the token embeddings, the features' and the
+error nodes' writes: a node's input (a feature's encoder pre-activation, the behaviour's logit
+difference) is the sum of its incoming edges plus bias terms (attention, norm and decoder biases,
+positional embeddings), and each edge is an exact direct effect, computed for a batch of target
+rows by one backward pass through that frozen model.
+
+Node order (rows are targets, columns sources, as circuit-tracer's adjacency matrix): active
+features sorted by (layer, position, feature), then one error node per (layer, position), layer
+major, then one token node per position, then the logit node (the behaviour's metric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from circuitflow.attribution.prompt_graphs import prune
+from circuitflow.metrics import logit_diff
+from circuitflow.nodes import EMBED_HOOK, head_hook, hook_name, mlp_hook
+from circuitflow.perf import PassCounter
+
+# Held at their clean values: what makes the model linear in the nodes' writes.
+FROZEN_SUFFIXES = ("hook_pattern", "hook_scale")
+
+
+@dataclass
+class PromptGraph:
+    """One prompt's graph. `adjacency[t, s]` is the direct effect of node s on node t's input."""
+
+    tokens: list[int]
+    answer: int
+    distractor: int
+    n_layers: int
+    features: torch.Tensor  # [n_f, 3] long: layer, position, feature index
+    activations: torch.Tensor  # [n_f] float32
+    adjacency: torch.Tensor  # [n, n] float32
+    # [n, L, H]: what each head writes that reaches each target (Rows.heads; 0 for sources)
+    head_attribution: torch.Tensor
+    inputs: torch.Tensor  # [n] float32: each node's input in the real run (0 for sources)
+    biases: torch.Tensor  # [n] float32: each target's input with every source set to zero
+    metric: float  # the behaviour's logit difference in the real model
+    answer_prob: float  # the answer's probability in the real model
+    dropped_features: int = 0  # active features over max_feature_nodes, folded into errors
+    passes: dict[str, float] = field(default_factory=dict)
+    # What computes more rows of this graph (heads.split_edges): the frozen model and the
+    # prompt's whole dictionary, and which of its features the graph kept.
+    session: Session | None = field(default=None, repr=False)
+    kept: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.features)
+
+    @property
+    def n_errors(self) -> int:
+        return self.n_layers * self.n_pos
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_features + self.n_errors + self.n_pos + 1
+
+    def error_index(self, layer: int, pos: int) -> int:
+        return self.n_features + layer * self.n_pos + pos
+
+    def token_index(self, pos: int) -> int:
+        return self.n_features + self.n_errors + pos
+
+    @property
+    def logit_index(self) -> int:
+        return self.n_nodes - 1
+
+    def position(self, i: int) -> int:
+        """Node i's position in the prompt."""
+        if i < self.n_features:
+            return int(self.features[i, 1])
+        if i < self.n_features + self.n_errors:
+            return (i - self.n_features) % self.n_pos
+        return min(i - self.n_features - self.n_errors, self.n_pos - 1)
+
+    def write_layer(self, i: int) -> int:
+        """The layer whose MLP writes source node i (-1: a token, before every layer)."""
+        if i < self.n_features:
+            return int(self.features[i, 0])
+        if i < self.n_features + self.n_errors:
+            return (i - self.n_features) // self.n_pos
+        return -1
+
+    def read_layer(self, i: int) -> int:
+        """The layer whose MLP reads target node i (the logit: after the last layer)."""
+        return int(self.features[i, 0]) if i < self.n_features else self.n_layers
+
+    def columns(self, rows: Rows) -> torch.Tensor:
+        """`rows` (edges from every feature of the prompt's dictionary) as rows of this
+        graph's adjacency [R, n]: the features it dropped folded into their error nodes."""
+        feats = rows.features.cpu()
+        errors = rows.errors.cpu().clone()
+        if self.kept is not None and not bool(self.kept.all()):
+            all_features = self.session.dic.features.cpu()
+            for i in torch.nonzero(~self.kept).flatten().tolist():
+                layer, pos, _ = all_features[i].tolist()
+                errors[:, layer * self.n_pos + pos] += feats[:, i]
+            feats = feats[:, self.kept]
+        zero = torch.zeros(len(feats), 1)
+        return torch.cat([feats, errors, rows.tokens.cpu(), zero], dim=1)
+
+    def kinds(self) -> list[str]:
+        """Each node's kind, in node order."""
+        return (
+            ["feature"] * self.n_features
+            + ["error"] * self.n_errors
+            + ["token"] * self.n_pos
+            + ["logit"]
+        )
+
+
+@dataclass
+class Session:
+    """What build computed a graph's rows with, kept to compute more (heads.split_edges)."""
+
+    frozen: FrozenModel
+    dic: Dictionary
+    transcoders: dict[int, Any]
+    answer: torch.Tensor
+    distractor: torch.Tensor
+
+    def rows(self, targets: torch.Tensor, through=None, part="graph_rows") -> Rows:
+        return compute_rows(self.frozen, self.dic, targets, self.transcoders, self.answer,
+                            self.distractor, through, part)  # fmt: skip
+
+
+@dataclass
+class CleanRun:
+    """What the replacement model holds fixed, from one clean forward pass of the prompt."""
+
+    frozen: dict[str, torch.Tensor]  # hook name -> pattern / norm scale
+    embed: torch.Tensor  # [P, d]
+    mlp_in: dict[int, torch.Tensor]  # layer -> [P, d]
+    mlp_out: dict[int, torch.Tensor]  # layer -> [P, d]
+    metric: float
+    answer_prob: float
+
+
+def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> CleanRun:
+    n_layers = model.cfg.n_layers
+    ins = {hook_name("mlp_in", layer): layer for layer in range(n_layers)}
+    outs = {mlp_hook(layer): layer for layer in range(n_layers)}
+
+    def wanted(name: str) -> bool:
+        return name.endswith(FROZEN_SUFFIXES) or name in ins or name in outs or name == EMBED_HOOK
+
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens[None], names_filter=wanted)
+    frozen = {k: v.float() for k, v in cache.items() if k.endswith(FROZEN_SUFFIXES)}
+    last = logits[0, -1].float()
+    metric = float(last[answer] - last[distractor])
+    return CleanRun(
+        frozen=frozen,
+        embed=cache[EMBED_HOOK][0].float(),
+        mlp_in={layer: cache[name][0].float() for name, layer in ins.items()},
+        mlp_out={layer: cache[name][0].float() for name, layer in outs.items()},
+        metric=metric,
+        answer_prob=float(last.softmax(-1)[answer]),
+    )
+
+
+@dataclass
+class Dictionary:
+    """The prompt's transcoder features: active ones, their decoder writes and the errors."""
+
+    features: torch.Tensor  # [n_f, 3] (layer, pos, feature), sorted
+    activations: torch.Tensor  # [n_f]
+    preacts: torch.Tensor  # [n_f] encoder pre-activations (each feature node's input)
+    writes: torch.Tensor  # [n_f, d] activation x decoder row
+    errors: torch.Tensor  # [n_layers, P, d]
+    decoder_bias: torch.Tensor  # [n_layers, P, d] b_dec where a transcoder replaces the MLP
+    use: torch.Tensor  # [P] bool: the positions where transcoders replace the MLPs
+
+
+def encoder_preacts(tc, x: torch.Tensor) -> torch.Tensor:
+    """A transcoder's encoder pre-activation (x W_enc + b_enc): a feature node's input."""
+    return tc.process_sae_in(x.to(tc.dtype)).float() @ tc.W_enc.float() + tc.b_enc.float()
+
+
+def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) -> Dictionary:
+    """Each MLP output as its transcoder's active features + decoder bias + error, at the
+    positions not in `skip` (BOS, where the transcoders were not trained: there the whole output
+    is the error node, as the spliced evaluations leave BOS to the real MLP)."""
+    n_layers = len(run.mlp_out)
+    pos_count, d = run.embed.shape
+    errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
+    bias = torch.zeros_like(errors)
+    feats, acts, pre, writes = [], [], [], []
+    use = ~skip
+    for layer, tc in sorted(transcoders.items()):
+        x = run.mlp_in[layer]
+        with torch.no_grad():
+            a = tc.encode(x.to(tc.dtype)).float() * use[:, None]
+            z = encoder_preacts(tc, x)
+            w_dec = tc.W_dec.float()
+            b_dec = tc.b_dec.float()
+        pos, idx = torch.nonzero(a, as_tuple=True)  # sorted by position, then feature
+        feats.append(torch.stack([torch.full_like(pos, layer), pos, idx], dim=1))
+        acts.append(a[pos, idx])
+        pre.append(z[pos, idx])
+        writes.append(a[pos, idx, None] * w_dec[idx])
+        bias[layer, use] = b_dec
+        errors[layer] -= (a @ w_dec) + bias[layer]
+    if not feats:
+        empty = torch.zeros(0)
+        return Dictionary(
+            torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d), errors, bias, use
+        )
+    return Dictionary(
+        torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes), errors, bias, use
+    )
+
+
+class FrozenModel:
+    """The replacement model of one prompt, run on a batch of copies: sources are leaves
+    (embedding and every MLP output), patterns and norm scales the clean run's."""
+
+    def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter) -> None:
+        self.model, self.tokens, self.run, self.counter = model, tokens, run, counter
+        self.n_layers = model.cfg.n_layers
+
+    def forward(self, embed: torch.Tensor, mlp_out: torch.Tensor, through=None):
+        """(logits, mlp_in per layer, hook_z per layer) with `embed` [B, P, d] and `mlp_out`
+        [B, L, P, d] written into the residual stream in place of the real ones.
+
+        `through` [B, 2] (layer, head; layer -1: none) routes batch element b's
+        gradient (the values are unchanged): above its layer it stays at its position (each
+        head's gradient reaches only its own position's value), at its layer it goes only
+        through its head's attention to other positions (the residual skip, the other heads
+        and the head's own position cut), below it everywhere. Its edges are then the paths
+        whose last move into the position is that head (heads.py)."""
+        batch = embed.shape[0]
+        read: dict[int, torch.Tensor] = {}
+        zs: dict[int, torch.Tensor] = {}
+        vs: dict[int, torch.Tensor] = {}
+
+        def frozen(act, hook):
+            return self.run.frozen[hook.name].expand(batch, *act.shape[1:]).to(act.dtype)
+
+        def put_embed(act, hook):
+            return embed.to(act.dtype)
+
+        def put_mlp(layer: int):
+            return lambda act, hook: mlp_out[:, layer].to(act.dtype)
+
+        def keep(store: dict, layer: int):
+            def fn(act, hook):
+                store[layer] = act
+                return act
+
+            return fn
+
+        def own_position(layer: int, rows: torch.Tensor):
+            """hook_z with the gradient of `rows` reaching only each query's own value."""
+
+            def fn(z, hook):
+                diag = self.own_term(layer, vs[layer][rows])  # [r, P, H, d_head]
+                cut = z[rows].detach() + (diag - diag.detach()).to(z.dtype)
+                zs[layer] = z.index_put((rows,), cut)
+                return zs[layer]
+
+            return fn
+
+        def only_head(layer: int, rows: torch.Tensor, heads: torch.Tensor):
+            """hook_resid_mid with the gradient of `rows` going only into their head's
+            attention to other positions."""
+            w_o = self.model.blocks[layer].attn.W_O  # [H, d_head, d]
+
+            def fn(resid_mid, hook):
+                picked = torch.arange(len(rows), device=rows.device)
+                own = self.own_term(layer, vs[layer][rows])[picked, :, heads]
+                z = zs[layer][rows, :, heads] - own  # [r, P, d_head]: other positions only
+                out = torch.einsum("rpe,red->rpd", z, w_o[heads].to(z.dtype))
+                cut = resid_mid[rows].detach() + (out - out.detach()).to(resid_mid.dtype)
+                return resid_mid.index_put((rows,), cut)
+
+            return fn
+
+        hooks = [(name, frozen) for name in self.run.frozen]
+        hooks.append((EMBED_HOOK, put_embed))
+        for layer in range(self.n_layers):
+            hooks.append((f"blocks.{layer}.attn.hook_v", keep(vs, layer)))
+            hooks.append((head_hook(layer), keep(zs, layer)))
+            if through is not None:
+                device = embed.device
+                above = torch.nonzero((through[:, 0] >= 0) & (through[:, 0] < layer)).flatten()
+                if above.numel():
+                    hooks.append((head_hook(layer), own_position(layer, above.to(device))))
+                at = torch.nonzero(through[:, 0] == layer).flatten()
+                if at.numel():
+                    fn = only_head(layer, at.to(device), through[at, 1].to(device))
+                    hooks.append((hook_name("resid_mid", layer), fn))
+            hooks.append((mlp_hook(layer), put_mlp(layer)))
+            hooks.append((hook_name("mlp_in", layer), keep(read, layer)))
+        toks = self.tokens[None].expand(batch, -1)
+        logits = self.model.run_with_hooks(toks, fwd_hooks=hooks)
+        return logits, read, zs
+
+    def own_term(self, layer: int, v: torch.Tensor) -> torch.Tensor:
+        """Each query's attention to its own position times its value, [B, P, H, d_head]:
+        the part of hook_z that does not move across positions."""
+        pattern = self.run.frozen[f"blocks.{layer}.attn.hook_pattern"][0]  # [H, Q, K]
+        own = pattern.diagonal(dim1=1, dim2=2).transpose(0, 1)  # [P, H]
+        v = v.repeat_interleave(pattern.shape[0] // v.shape[2], dim=2)  # grouped KV heads
+        return own[None, :, :, None].to(v.dtype) * v
+
+    def values(self, embed, mlp_out, targets, transcoders, answer, distractor, rows=None,
+               through=None):  # fmt: skip
+        """(each target's input, hook_z per layer): `targets` [R, 3] (layer, pos, feature;
+        layer -1 = the logit), target i read in batch element rows[i] (default: i)."""
+        logits, read, zs = self.forward(embed, mlp_out, through)
+        rows = range(len(targets)) if rows is None else rows
+        out = []
+        for r, (layer, pos, feat) in zip(rows, targets.tolist(), strict=True):
+            if layer < 0:
+                out.append(logit_diff(logits[r : r + 1], answer, distractor)[0])
+            else:
+                tc = transcoders[layer]
+                x = read[layer][r, pos]
+                w = tc.W_enc[:, feat].float()
+                out.append(tc.process_sae_in(x.to(tc.dtype)).float() @ w + tc.b_enc[feat].float())
+        return torch.stack(out), zs
+
+
+@dataclass
+class Rows:
+    """Edges into a batch of targets from every source, and each head's share of each
+    target's input (gradient x hook_z, summed over positions: what the head writes that
+    reaches the target, bias terms included)."""
+
+    features: torch.Tensor  # [R, n_f]
+    errors: torch.Tensor  # [R, L * P]
+    tokens: torch.Tensor  # [R, P]
+    heads: torch.Tensor  # [R, L, H]
+
+
+def compute_rows(
+    frozen: FrozenModel,
+    dic: Dictionary,
+    targets: torch.Tensor,
+    transcoders: dict[int, Any],
+    answer: torch.Tensor,
+    distractor: torch.Tensor,
+    through: torch.Tensor | None = None,
+    part: str = "graph_rows",
+) -> Rows:
+    """Edges into `targets` [R, 3] from every source, by one forward and one backward of R
+    copies of the prompt (`through`: FrozenModel.forward's, the paths through one head)."""
+    run, n_rows = frozen.run, len(targets)
+    embed = run.embed.expand(n_rows, -1, -1).clone().requires_grad_(True)
+    mlp = torch.stack([run.mlp_out[layer] for layer in range(frozen.n_layers)])
+    mlp = mlp.expand(n_rows, -1, -1, -1).clone().requires_grad_(True)
+    with frozen.counter.part(part):
+        value, zs = frozen.values(embed, mlp, targets, transcoders, answer, distractor,
+                                  through=through)  # fmt: skip
+        frozen.counter.forward(n_rows)
+        z = [zs[layer] for layer in range(frozen.n_layers)]
+        grads = torch.autograd.grad(value.sum(), [embed, mlp, *z], allow_unused=True)
+        frozen.counter.backward(n_rows)
+    g_embed, g_mlp, g_z = grads[0], grads[1], grads[2:]
+    g_embed = torch.zeros_like(embed) if g_embed is None else g_embed
+    g_mlp = torch.zeros_like(mlp) if g_mlp is None else g_mlp
+    heads = torch.stack(
+        [
+            (g * zl).sum(dim=(1, 3)) if g is not None else torch.zeros(zl.shape[0], zl.shape[2])
+            for g, zl in zip(g_z, z, strict=True)
+        ],
+        dim=1,
+    )
+    layer, pos = dic.features[:, 0], dic.features[:, 1]
+    return Rows(
+        features=(g_mlp[:, layer, pos] * dic.writes).sum(-1).detach(),
+        errors=(g_mlp * dic.errors).sum(-1).flatten(1).detach(),
+        tokens=(g_embed * run.embed).sum(-1).detach(),
+        heads=heads.detach(),
+    )
+
+
+def biases(frozen: FrozenModel, dic, targets, transcoders, answer, distractor) -> torch.Tensor:
+    """Each target's input with every source's write zero: the bias terms (the decoder biases
+    stay, being no node)."""
+    with torch.no_grad(), frozen.counter.part("graph_bias"):
+        embed = torch.zeros_like(frozen.run.embed)[None]
+        frozen.counter.forward(1)
+        rows = [0] * len(targets)  # one pass: the bias run is the same for every target
+        return frozen.values(embed, dic.decoder_bias[None], targets, transcoders, answer,
+                             distractor, rows)[0]  # fmt: skip
+
+
+def build(
+    model,
+    transcoders: dict[int, Any],
+    tokens: list[int],
+    answer: int,
+    distractor: int,
+    *,
+    skip_bos: bool,
+    max_feature_nodes: int,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> PromptGraph:
+    """The prompt's graph. With more active features than `max_feature_nodes`, rows are
+    computed for the features most influential on the logit so far, a batch at a time (as
+    circuit-tracer does), and the rest are folded into their error nodes (the graph stays
+    exact: an error node is then the MLP output its kept features do not explain). The
+    graph's `passes` counts its forward-pass equivalents by part (perf.PassCounter)."""
+    counter = PassCounter()
+    device = next(model.parameters()).device
+    toks = torch.tensor(tokens, device=device)
+    ans = torch.tensor([answer], device=device)
+    dis = torch.tensor([distractor], device=device)
+    with counter.part("graph_clean"):
+        run = clean_run(model, toks, answer, distractor)
+        counter.forward(1)
+    skip = torch.zeros(len(tokens), dtype=torch.bool)
+    if skip_bos:
+        skip[0] = True
+    dic = decompose(run, transcoders, skip.to(device))
+    frozen = FrozenModel(model, toks, run, counter)
+    n_f, n_layers, n_pos = len(dic.features), model.cfg.n_layers, len(tokens)
+    n_err = n_layers * n_pos
+    n = n_f + n_err + n_pos + 1
+    adjacency = torch.zeros(n, n)
+    head_attribution = torch.zeros(n, n_layers, model.cfg.n_heads)
+
+    def rows_for(index: torch.Tensor) -> None:
+        """Fill the rows of the features `index` (and -1: the logit)."""
+        targets = torch.stack(
+            [
+                dic.features[i].cpu() if i >= 0 else torch.tensor([-1, n_pos - 1, 0])
+                for i in index.tolist()
+            ]
+        )
+        got = compute_rows(frozen, dic, targets, transcoders, ans, dis)
+        rows = torch.where(index >= 0, index, torch.tensor(n - 1))
+        adjacency[rows, :n_f] = got.features.cpu()
+        adjacency[rows, n_f : n_f + n_err] = got.errors.cpu()
+        adjacency[rows, n_f + n_err : n - 1] = got.tokens.cpu()
+        head_attribution[rows] = got.heads.cpu()
+        if progress is not None:
+            progress(len(index))
+
+    rows_for(torch.tensor([-1]))
+    done = torch.zeros(n_f, dtype=torch.bool)
+    budget = min(n_f, max_feature_nodes)
+    while int(done.sum()) < budget:
+        take = min(batch_size, budget - int(done.sum()))
+        if n_f <= max_feature_nodes:
+            order = torch.arange(n_f)
+        else:  # the most influential features so far (circuit-tracer's greedy visit)
+            weights = torch.zeros(n)
+            weights[-1] = 1.0
+            influence = prune.influence(adjacency, weights)[:n_f]
+            order = torch.argsort(influence, descending=True, stable=True)
+        index = order[~done[order]][:take]
+        rows_for(index)
+        done[index] = True
+
+    targets_all = torch.cat([dic.features.cpu(), torch.tensor([[-1, n_pos - 1, 0]])])
+    inputs = torch.zeros(n)
+    inputs[:n_f] = dic.preacts.cpu()
+    inputs[-1] = run.metric
+    bias = torch.zeros(n)
+    bias[torch.cat([torch.arange(n_f), torch.tensor([n - 1])])] = biases(
+        frozen, dic, targets_all, transcoders, ans, dis
+    ).cpu()
+    graph = PromptGraph(
+        tokens=list(tokens),
+        answer=answer,
+        distractor=distractor,
+        n_layers=n_layers,
+        features=dic.features.cpu(),
+        activations=dic.activations.cpu(),
+        adjacency=adjacency,
+        head_attribution=head_attribution,
+        inputs=inputs,
+        biases=bias,
+        metric=run.metric,
+        answer_prob=run.answer_prob,
+        session=Session(frozen, dic, transcoders, ans, dis),
+        kept=done.clone() if n_f > max_feature_nodes else torch.ones(n_f, dtype=torch.bool),
+    )
+    if n_f > max_feature_nodes:
+        graph = fold_into_errors(graph, keep=done)
+    graph.passes = dict(counter.parts)
+    return graph
+
+
+def fold_into_errors(graph: PromptGraph, keep: torch.Tensor) -> PromptGraph:
+    """`graph` without the features not in `keep`: each one's column is added to its (layer,
+    position)'s error column (its write becomes part of that error node), so every kept
+    node's input is still its incoming edges plus biases."""
+    a, n_f = graph.adjacency, graph.n_features
+    errors = a[:, n_f : n_f + graph.n_errors].clone()
+    for i in torch.nonzero(~keep).flatten().tolist():
+        layer, pos, _ = graph.features[i].tolist()
+        errors[:, layer * graph.n_pos + pos] += a[:, i]
+    kept = torch.cat([torch.nonzero(keep).flatten(), torch.arange(n_f, graph.n_nodes)])
+    adjacency = a[kept][:, kept]
+    k = int(keep.sum())
+    adjacency[:, k : k + graph.n_errors] = errors[kept]
+    graph.features = graph.features[keep]
+    graph.activations = graph.activations[keep]
+    graph.adjacency = adjacency
+    graph.head_attribution = graph.head_attribution[kept]
+    graph.inputs = graph.inputs[kept]
+    graph.biases = graph.biases[kept]
+    graph.dropped_features = n_f - k
+    return graph
