@@ -13,12 +13,15 @@ def run() -> None:
     parser = cli.parser(__doc__)
     cli.add_inputs(parser, "config", "behaviour", "prompts", "model-json")
     parser.add_argument("--transcoders", required=True, nargs="+", help="saes/mlp_out/layer_N")
+    parser.add_argument(
+        "--tokens", nargs=2, help="activations/tokens.npy and tokens.json: the features' contexts"
+    )
     parser.add_argument("--out-dir", required=True, help="attribution/{behaviour}/prompt_graphs")
     args, config = cli.parse(parser)
     from circuitflow.attribution.prompt_graphs import stage  # SAELens: not for --help
 
     s = stage.run(config, args.behaviour, args.prompts, args.model_json, args.transcoders,
-                  args.out_dir)  # fmt: skip
+                  args.out_dir, args.tokens)  # fmt: skip
     print(
         f"prompt_graphs {args.behaviour}: {len(s['graphs'])} graphs, replacement score "
         f"{s['replacement_score_mean']}, completeness {s['completeness_score_mean']}, "

@@ -11,6 +11,7 @@ from pathlib import Path
 from helpers.chromium import browse
 
 CHECKS_JS = (Path(__file__).parent / "graph_page_checks.js").read_text()
+PROMPT_CHECKS_JS = (Path(__file__).parent / "prompt_graph_page_checks.js").read_text()
 # Before the page's own script: every uncaught error and console.error is recorded.
 HEAD_JS = (
     "<script>window.__errors=[];"
@@ -20,19 +21,20 @@ HEAD_JS = (
 )
 
 
-def with_checks(page: Path, out: Path, **config) -> Path:
+def with_checks(page: Path, out: Path, checks_js: str = CHECKS_JS, **config) -> Path:
     text = page.read_text()
     assert text.count("<head>") == 1 and "</body>" in text
     text = text.replace("<head>", "<head>" + HEAD_JS, 1)
     end = text.rindex("</body>")
-    script = "<script>" + CHECKS_JS.replace("CONFIG", json.dumps(config)) + "</script>"
+    script = "<script>" + checks_js.replace("CONFIG", json.dumps(config)) + "</script>"
     out.write_text(text[:end] + script + text[end:])
     return out
 
 
-def check_page(browser: str, page: Path, tmp: Path, **config) -> dict:
-    """The findings of graph_page_checks.js on `page` (see CONFIG there)."""
-    done = browse(browser, with_checks(page, tmp / f"checks_{page.name}", **config), "--dump-dom")
+def check_page(browser: str, page: Path, tmp: Path, checks_js: str = CHECKS_JS, **config) -> dict:
+    """The findings of `checks_js` (graph_page_checks.js) on `page` (see CONFIG there)."""
+    checked = with_checks(page, tmp / f"checks_{page.name}", checks_js, **config)
+    done = browse(browser, checked, "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'data-checks="([^"]*)"', done.stdout)
     assert found, "the checks did not run: " + done.stdout[-2000:]

@@ -115,3 +115,56 @@ def test_prompt_graphs_are_circuit_tracer_files_with_a_summary(run):
     graph = read_json(folder / "induction-0.json")
     assert {n["feature_type"] for n in graph["nodes"]} >= {"embedding", "logit"}
     assert graph["circuitflow"]["prompt_id"] == 0
+    contexts = pd.read_parquet(folder / "feature_contexts.parquet")
+    assert set(contexts.site) == {"mlp_out"} and (contexts.activation > 0).all()
+    # The job's memory request covers its peak (the plan: model, rows, dense adjacency).
+    from circuitflow import config as cf_config
+    from circuitflow import resources
+    from circuitflow.report.job_costs import read_benchmark
+
+    peak = float(
+        read_benchmark(results / "benchmarks" / "prompt_graphs" / "induction.tsv")["max_rss"]
+    )
+    resolved = cf_config.resolve(config)
+    assert resources.job_peak_bytes(resolved, "prompt_graphs", "cpu") / 2**20 >= 0.8 * peak
+    assert resources.mem_mb(resolved | {"device": "cpu"}, "prompt_graphs") >= peak
+
+
+def test_prompt_graph_page_in_chromium(run, tmp_path):
+    """index.html as a reader sees it: each prompt's tokens along the bottom in order, every
+    node in its position's column and its layer's band, a feature's card with its contexts,
+    an edge's card with the heads carrying it, thresholds that re-prune, a prompt menu."""
+    from helpers.chromium import chromium
+    from helpers.graph_page import PROMPT_CHECKS_JS, check_page
+
+    results, _ = run
+    page = results / "attribution" / "induction" / "prompt_graphs" / "index.html"
+    out = check_page(chromium(), page, tmp_path, PROMPT_CHECKS_JS, node_low=0.3, node_high=0.95)
+    assert out["errors"] == [], out["errors"]
+    tokens = out["tokens_json"]
+    default = out["default"]
+    labels = sorted(default["labels"], key=lambda t: t["pos"])
+    assert [t["text"] for t in labels] == tokens[0]
+    xs = [t["x"] for t in labels]
+    assert xs == sorted(xs) and len(set(xs)) == len(xs)
+    col = xs[1] - xs[0]
+    kinds = [n["kind"] for n in default["nodes"]]
+    assert kinds.count("token") == len(tokens[0]) and kinds.count("logit") == 1
+    assert kinds.count("feature") >= 1
+    bands = default["bands"]
+    for n in default["nodes"]:
+        assert abs(n["x"] - xs[n["pos"]]) <= col / 2, n  # in its position's column
+        band = bands[n["row"]]
+        assert band["y"] <= n["y"] <= band["y"] + band["h"], n  # in its layer's band
+    assert all(t["y"] > max(n["y"] for n in default["nodes"]) for t in labels)  # tokens below
+    feature = out["feature_card"]
+    assert not feature["hidden"] and feature["hidden_after"]
+    assert "top activating contexts" in feature["text"] and feature["items"] >= 1
+    edge = out["edge_card"]
+    assert edge and edge["heads"] and "% of the edge" in edge["heads"][0], edge
+    assert "replacement score" in out["scores"] and "Spearman" in out["scores"]
+    sizes = [len(out[k]["nodes"]) for k in ("low", "default", "high")]
+    assert sizes[0] < sizes[1] <= sizes[2], sizes
+    assert out["n_prompts"] == len(tokens) == 2
+    last = sorted(out["last_prompt"]["labels"], key=lambda t: t["pos"])
+    assert [t["text"] for t in last] == tokens[-1]

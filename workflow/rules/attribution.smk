@@ -74,6 +74,7 @@ rule prompt_graphs:
         model=f"{OUT}/model/model.json",
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         transcoders=sae_outputs(),
+        tokens=TOKEN_SET,  # the features' top-activating contexts
     output:
         directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
     log:
@@ -92,5 +93,5 @@ rule prompt_graphs:
     shell:
         stage("prompt_graphs")
         + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
-        " --model-json {input.model} --transcoders {input.transcoders} --out-dir {output}"
-        " 2> {log}"
+        " --model-json {input.model} --transcoders {input.transcoders} --tokens {input.tokens}"
+        " --out-dir {output} 2> {log}"

@@ -1,6 +1,7 @@
 """The prompt_graphs job of one behaviour (sae.kind transcoder): a replacement graph for each
-of the first `attribution.prompt_graphs` prompts, pruned, scored and written as circuit-tracer
-graph files, with `summary.json` beside them (see docs/outputs.md)."""
+of the first `attribution.prompt_graphs` prompts, pruned, split over heads, validated on the
+model and written as circuit-tracer graph files, with `summary.json`, the kept features'
+top-activating contexts and the page `index.html` beside them (see docs/outputs.md)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,66 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from tqdm import tqdm
 
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.prompt_graphs import files, heads, prune, replacement, validate
+from circuitflow.attribution.prompt_graphs import (
+    files,
+    heads,
+    page,
+    prune,
+    replacement,
+    validate,
+)
 from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
-from circuitflow.io import write_json
-from circuitflow.nodes import site_layer
+from circuitflow.io import write_json, write_parquet, write_text
+from circuitflow.nodes import hook_name, site_layer
 from circuitflow.perf import PassCounter
 from circuitflow.prompts import read_prompts
 
 log = logging.getLogger(__name__)
 SUMMARY = "summary.json"
 INDEX = "graph-metadata.json"
+CONTEXTS = "feature_contexts.parquet"
+PAGE = "index.html"
+
+
+def kept_feature_contexts(
+    model, transcoders, token_set, kept: dict[int, set[int]], cfg, bos_excluded: bool,
+    tokenizer, counter: PassCounter,
+) -> pd.DataFrame:  # fmt: skip
+    """The top-activating contexts of every feature some pruned graph kept ({layer: features}),
+    over the token set's first `attribution.context_max_tokens` rows of each layer's MLP
+    input (the rows the transcoder was trained on); the model's passes to each layer are
+    counted in `counter`."""
+    from circuitflow.attribution import contexts
+    from circuitflow.capture.tokens import read_token_set
+
+    toks, _ = read_token_set(*token_set)
+    frames = []
+    for layer, feats in sorted(kept.items()):
+        rows = contexts.TokenSetRows(model, hook_name("mlp_in", layer), toks, bos_excluded)
+        used = -(-min(rows.n_rows, cfg.context_max_tokens) // rows.per_context)
+        batches = -(-used // rows.batch_contexts) * rows.batch_contexts
+        counter.forward(min(batches, len(toks)), (layer + 1) / model.cfg.n_layers)
+        frames.append(
+            contexts.contexts(
+                rows,
+                transcoders[layer],
+                "mlp_out",
+                layer,
+                sorted(feats),
+                tokenizer,
+                cfg.n_contexts,
+                cfg.context_window,
+                cfg.context_max_tokens,
+            )  # fmt: skip
+        )
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_transcoders(dirs: list[Path | str], device) -> dict[int, Any]:
@@ -86,9 +132,11 @@ def run(
     model_json: Path | str,
     transcoder_dirs: list[Path | str],
     out_dir: Path | str,
+    token_set: tuple[Path | str, Path | str] | None = None,
 ) -> dict[str, Any]:
-    """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json and
-    summary.json; return the summary."""
+    """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
+    summary.json, feature_contexts.parquet (from `token_set` = (tokens.npy, tokens.json); none
+    without) and index.html; return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
@@ -107,7 +155,8 @@ def run(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     counter = PassCounter()
-    rows, written = [], []
+    rows, written, pages = [], [], []
+    kept: dict[int, set[int]] = {}
     try:
         for row in tqdm(prompts.itertuples(), total=len(prompts), desc=f"{behaviour} graphs"):
             toks = [int(t) for t in row.clean_tokens]
@@ -157,6 +206,10 @@ def run(
             write_json(tmp / f"{slug}.json", content)
             written.append(content)
             rows.append({"prompt_id": int(row.prompt_id), "slug": slug, **summary})
+            pages.append(page.graph_data(graph, pruned, edge_heads, text, rows[-1]))
+            for i in torch.nonzero(pruned.node_mask[: graph.n_features]).flatten().tolist():
+                layer, _, feat = graph.features[i].tolist()
+                kept.setdefault(layer, set()).add(feat)
             log.info(
                 "%s: %d of %d features kept, replacement %.3f, completeness %.3f, "
                 "linearity error %.1e",
@@ -164,6 +217,16 @@ def run(
                 scores["completeness_score"], summary["linearity_max_abs_error"],
             )  # fmt: skip
         write_json(tmp / INDEX, files.index(written))
+        found = None
+        if token_set is not None:
+            with counter.part("contexts"):
+                found = kept_feature_contexts(model, transcoders, token_set, kept, cfg,
+                                              skip_bos, tokenizer, counter)  # fmt: skip
+            write_parquet(tmp / CONTEXTS, found)
+        title = f"{behaviour}: per-prompt attribution graphs"
+        write_text(tmp / PAGE, page.page_html(title, pages, found,
+                                              cfg.prompt_graph_node_threshold,
+                                              cfg.prompt_graph_edge_threshold))  # fmt: skip
         result = {
             "behaviour": behaviour,
             "graphs": rows,
