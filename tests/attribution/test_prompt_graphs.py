@@ -168,6 +168,9 @@ def test_influence_is_the_series_over_paths():
     ref = w.double() @ b @ torch.linalg.inv(torch.eye(6, dtype=torch.float64) - b)
     torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(got, torch.tensor([0.625, 0.25, 0.25, 0.625, 0.125, 0.0]))
+    # From the known rows alone (a capped graph's greedy visit): the same.
+    known = torch.tensor([0, 1, 5])
+    torch.testing.assert_close(prune.influence_rows(a[known], known, w), got)
 
 
 def test_threshold_keeps_the_smallest_top_share():
@@ -272,6 +275,14 @@ def test_head_terms_add_up_to_each_edge_and_match_pattern_ablations(setup, graph
     pruned = prune.prune(graph.adjacency, kinds, 0.95, 0.99)
     split = heads.split_edges(graph, pruned.edge_mask, top_heads=8, batch_size=16)
     assert len(split) > 10
+    # At most `max_targets` targets, the most influential (the logit first), 8 rows each.
+    before = graph.passes.get("edge_heads", 0)
+    few = heads.split_edges(graph, pruned.edge_mask, 8, 16, 2, pruned.node_influence)
+    targets = {t for t, _ in few}
+    others = {t for t, _ in split} - {graph.logit_index}
+    best = max(others, key=lambda t: float(pruned.node_influence[t]))
+    assert targets == {graph.logit_index, best}
+    assert 3 * 8 < graph.passes["edge_heads"] - before <= 3 * 8 * 2  # the logit: all 8 heads
     for (t, s), terms in split.items():
         assert sum(x.weight for x in terms) == pytest.approx(
             float(graph.adjacency[t, s]), abs=1e-4

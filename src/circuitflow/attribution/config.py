@@ -41,6 +41,7 @@ class AttributionConfig:
     max_feature_nodes: int = _D["max_feature_nodes"]
     prompt_graph_batch_size: int = _D["prompt_graph_batch_size"]
     prompt_graph_edge_heads: int = _D["prompt_graph_edge_heads"]  # heads split per target
+    prompt_graph_split_targets: int = _D["prompt_graph_split_targets"]  # targets split a graph
     prompt_graph_validation_features: int = _D["prompt_graph_validation_features"]
 
     @classmethod

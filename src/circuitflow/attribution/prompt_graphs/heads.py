@@ -10,9 +10,11 @@ target come from one more backward row: the target's gradient routed as
 replacement.FrozenModel's `through` does, contracted with each source's write as the graph's
 own rows are.
 
-Which heads get a row: for each target of a kept cross-position edge, the `top_heads` heads
-(in the layers between its sources and it) writing the most into its input
-(PromptGraph.head_attribution, from the rows the graph already computed: no extra pass).
+Which heads get a row: for each of the `max_targets` most influential targets of kept
+cross-position edges (the logit first), the `top_heads` heads (in the layers between its sources
+and it) writing the most into its input (PromptGraph.head_attribution, from the rows the graph
+already computed: no extra pass). At most max_targets x top_heads rows a graph, whatever its
+size.
 """
 
 from __future__ import annotations
@@ -52,16 +54,29 @@ def candidate_heads(graph: PromptGraph, target: int, lowest: int, top: int) -> l
 
 
 def split_edges(
-    graph: PromptGraph, edge_mask: torch.Tensor, top_heads: int, batch_size: int
+    graph: PromptGraph,
+    edge_mask: torch.Tensor,
+    top_heads: int,
+    batch_size: int,
+    max_targets: int | None = None,
+    influence: torch.Tensor | None = None,
 ) -> dict[tuple[int, int], list[HeadTerm]]:
-    """(target, source) -> its heads' terms, largest |weight| first, for every kept
-    cross-position edge; counted under part `edge_heads` in graph.passes."""
+    """(target, source) -> its heads' terms, largest |weight| first, for the kept
+    cross-position edges into the `max_targets` (None: every) targets most influential on the
+    logit (`influence`, per node; the logit counts as the most); counted under part
+    `edge_heads` in graph.passes."""
     edges = cross_position_edges(graph, edge_mask)
     if not edges or top_heads <= 0:
         return {}
     by_target: dict[int, list[int]] = {}
     for t, s in edges:
         by_target.setdefault(t, []).append(s)
+    if max_targets is not None and len(by_target) > max_targets:
+        rank = influence.clone() if influence is not None else torch.zeros(graph.n_nodes)
+        rank[graph.logit_index] = float("inf")
+        chosen = sorted(by_target, key=lambda t: -float(rank[t]))[:max_targets]
+        by_target = {t: by_target[t] for t in chosen}
+        edges = [(t, s) for t, s in edges if t in by_target]
     jobs = []  # (target, layer, head)
     for t, sources in by_target.items():
         lowest = min(graph.write_layer(s) for s in sources) + 1

@@ -18,18 +18,28 @@ from circuitflow.model import architectures
 from circuitflow.perf import Work, attribution_forward_flops_per_prompt
 from circuitflow.sae.plan import sae_param_bytes, sae_width
 
+# A row's forward and backward through the frozen model, per prompt copy: the logits and their
+# gradient (fp32, [P, vocab] each), and per layer about this many d_model-wide fp32 tensors a
+# position saved for the backward (norm inputs, values, z, the residual adds; no MLP, whose
+# output is a leaf, no pattern, which is the clean run's). Measured by
+# benchmarks/prompt_graphs.py (GPT-2 small, 32 positions: ~20 MB a copy).
+ROW_RESID = 8
 # Bytes per adjacency entry at the pruning's peak: the float32 matrix, its pruned copy, their
 # row-normalised |.| (float32 and the float64 copy influence iterates with), the edge scores and
 # two boolean masks.
 ADJACENCY_BYTES = 4 + 4 + 4 + 8 + 4 + 2
 
 
-def max_features(config: dict, n_layers: int, positions: int) -> int:
-    """The most feature nodes a graph can hold."""
+def active_features(config: dict, positions: int) -> int:
+    """The most features a prompt can have active (every layer, every position)."""
     sae = config["sae"]
     per_site = sae["k"] if sae["architecture"] in ("topk", "batchtopk") else 2 * sae["target_l0"]
-    active = per_site * len(config["layers"]) * positions
-    return min(active, config["attribution"]["max_feature_nodes"])
+    return per_site * len(config["layers"]) * positions
+
+
+def max_features(config: dict, n_layers: int, positions: int) -> int:
+    """The most feature nodes a graph can hold."""
+    return min(active_features(config, positions), config["attribution"]["max_feature_nodes"])
 
 
 def max_nodes(config: dict, model_cfg, positions: int) -> int:
@@ -37,26 +47,46 @@ def max_nodes(config: dict, model_cfg, positions: int) -> int:
     return n_f + (model_cfg.n_layers + 1) * positions + 1
 
 
-def job_bytes(config: dict, rule: str, device: str) -> int:
-    """The fp32 model and transcoders, a batch of rows' forward and backward (the attribution
-    stage's per-prompt gradient pass, without spliced SAEs), and the dense adjacency."""
+def graph_bytes(config: dict, device: str) -> dict[str, int]:
+    """A graph's memory by part: the fp32 model and transcoders (`weights`), a batch of rows'
+    forward and backward (`rows`: ROW_RESID, times prompt_graph_batch_size; the attribution
+    stage's `fixed` weight copies of its backward), the rows
+    computed before the graph is assembled (`store`) and the dense adjacency at its largest
+    (`adjacency`)."""
     cfg = architectures.model_cfg(config)
     n_params = architectures.n_params(cfg)
     positions = prompt_length(config, cfg)
     d_sae = sae_width(config, cfg.d_model)
     est = estimate_attribution(cfg, n_params, positions, 0, d_sae, torch.float32, device, "atp")
-    rows = est.per_context_device * config["attribution"]["prompt_graph_batch_size"]
-    weights = n_params * 4 + n_hooks(config) * sae_param_bytes(cfg.d_model, d_sae)
-    adjacency = max_nodes(config, cfg, positions) ** 2 * ADJACENCY_BYTES
-    work = weights + est.fixed_device + rows + adjacency
+    per_copy = 4 * positions * (2 * cfg.d_vocab + ROW_RESID * cfg.n_layers * cfg.d_model)
+    columns = active_features(config, positions) + (cfg.n_layers + 1) * positions + 1
+    return {
+        "weights": n_params * 4 + n_hooks(config) * sae_param_bytes(cfg.d_model, d_sae),
+        "fixed": est.fixed_device,
+        "rows": per_copy * config["attribution"]["prompt_graph_batch_size"],
+        # The rows computed, over every active feature's column, and their folded copy.
+        "store": 2 * (max_features(config, cfg.n_layers, positions) + 1) * columns * 4,
+        "adjacency": max_nodes(config, cfg, positions) ** 2 * ADJACENCY_BYTES,
+    }
+
+
+def job_bytes(config: dict, rule: str, device: str) -> int:
+    """graph_bytes in all; a real model's load where that is more."""
+    cfg = architectures.model_cfg(config)
+    work = sum(graph_bytes(config, device).values())
     real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, work)
+    return max(load_bytes(architectures.n_params(cfg)) if real else 0, work)
 
 
 def graph_passes(config: dict, model_cfg, positions: int) -> int:
-    """Forward equivalents of one graph at most: the clean pass, the bias pass, and a forward
-    and a backward (2) per row: every feature kept and the logit."""
-    return 2 + 3 * (max_features(config, model_cfg.n_layers, positions) + 1)
+    """Forward equivalents of one graph at most: the clean pass, the bias pass, a forward and
+    a backward (2) per row (every feature kept and the logit; the head split's rows), and the
+    validation's forward of its ablations (twice, the second with the norms frozen)."""
+    attr = config["attribution"]
+    rows = max_features(config, model_cfg.n_layers, positions) + 1
+    head_rows = attr["prompt_graph_edge_heads"] * min(attr["prompt_graph_split_targets"], rows)
+    validation = 3 + 2 * attr["prompt_graph_validation_features"]
+    return 2 + 3 * (rows + head_rows) + validation
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:

@@ -33,6 +33,22 @@ def influence(adjacency: torch.Tensor, weights: torch.Tensor, max_iter: int = 10
     raise ValueError("the graph has a cycle: influence does not converge")
 
 
+def influence_rows(rows: torch.Tensor, row_nodes: torch.Tensor, weights: torch.Tensor,
+                   max_iter: int = 1000) -> torch.Tensor:  # fmt: skip
+    """`influence` of a graph of which only some rows are known: `rows` [k, n] are the rows of
+    nodes `row_nodes` [k], every other row zero (the greedy visit of a capped graph, without
+    its [n, n] matrix)."""
+    b = normalize(rows).double()
+    current = weights.double()
+    total = torch.zeros_like(current)
+    for _ in range(max_iter):
+        current = current[row_nodes] @ b
+        if not current.any():
+            return total.float()
+        total += current
+    raise ValueError("the graph has a cycle: influence does not converge")
+
+
 def cumulative_threshold(scores: torch.Tensor, share: float) -> float:
     """The smallest score among the highest scores that together make up `share` of the total
     (keeping every score >= it keeps at least that share)."""

@@ -106,14 +106,10 @@ class PromptGraph:
     def columns(self, rows: Rows) -> torch.Tensor:
         """`rows` (edges from every feature of the prompt's dictionary) as rows of this
         graph's adjacency [R, n]: the features it dropped folded into their error nodes."""
-        feats = rows.features.cpu()
-        errors = rows.errors.cpu().clone()
-        if self.kept is not None and not bool(self.kept.all()):
+        feats, errors = rows.features.cpu(), rows.errors.cpu()
+        if self.kept is not None:
             all_features = self.session.dic.features.cpu()
-            for i in torch.nonzero(~self.kept).flatten().tolist():
-                layer, pos, _ = all_features[i].tolist()
-                errors[:, layer * self.n_pos + pos] += feats[:, i]
-            feats = feats[:, self.kept]
+            feats, errors = fold_columns(feats, errors, all_features, self.kept, self.n_pos)
         zero = torch.zeros(len(feats), 1)
         return torch.cat([feats, errors, rows.tokens.cpu(), zero], dim=1)
 
@@ -385,13 +381,23 @@ def compute_rows(
         ],
         dim=1,
     )
-    layer, pos = dic.features[:, 0], dic.features[:, 1]
     return Rows(
-        features=(g_mlp[:, layer, pos] * dic.writes).sum(-1).detach(),
+        features=feature_edges(g_mlp, dic).detach(),
         errors=(g_mlp * dic.errors).sum(-1).flatten(1).detach(),
         tokens=(g_embed * run.embed).sum(-1).detach(),
         heads=heads.detach(),
     )
+
+
+def feature_edges(g_mlp: torch.Tensor, dic: Dictionary) -> torch.Tensor:
+    """[R, n_f]: each feature's write dotted with the rows' gradient at its layer and position,
+    a layer at a time ([R, P, n_layer] products, never an [R, n_f, d] gather)."""
+    out = g_mlp.new_zeros(g_mlp.shape[0], len(dic.features))
+    for layer in dic.features[:, 0].unique().tolist():
+        idx = torch.nonzero(dic.features[:, 0] == layer).flatten()
+        at_pos = g_mlp[:, layer] @ dic.writes[idx].T  # [R, P, n_layer]
+        out[:, idx] = at_pos[:, dic.features[idx, 1], torch.arange(len(idx), device=idx.device)]
+    return out
 
 
 def biases(frozen: FrozenModel, dic, targets, transcoders, answer, distractor) -> torch.Tensor:
@@ -420,8 +426,9 @@ def build(
     """The prompt's graph. With more active features than `max_feature_nodes`, rows are
     computed for the features most influential on the logit so far, a batch at a time (as
     circuit-tracer does), and the rest are folded into their error nodes (the graph stays
-    exact: an error node is then the MLP output its kept features do not explain). The
-    graph's `passes` counts its forward-pass equivalents by part (perf.PassCounter)."""
+    exact: an error node is then the MLP output its kept features do not explain). Memory
+    grows with the rows computed times the active features, and with the kept graph's square.
+    The graph's `passes` counts its forward-pass equivalents by part (perf.PassCounter)."""
     counter = PassCounter()
     device = next(model.parameters()).device
     toks = torch.tensor(tokens, device=device)
@@ -437,12 +444,14 @@ def build(
     frozen = FrozenModel(model, toks, run, counter)
     n_f, n_layers, n_pos = len(dic.features), model.cfg.n_layers, len(tokens)
     n_err = n_layers * n_pos
-    n = n_f + n_err + n_pos + 1
-    adjacency = torch.zeros(n, n)
-    head_attribution = torch.zeros(n, n_layers, model.cfg.n_heads)
+    n = n_f + n_err + n_pos + 1  # columns: every active feature of the prompt
+    budget = min(n_f, max_feature_nodes)
+    store = torch.zeros(budget + 1, n)  # the rows computed, in the order computed
+    store_heads = torch.zeros(budget + 1, n_layers, model.cfg.n_heads)
+    row_nodes: list[int] = []  # each stored row's node (n - 1: the logit)
 
     def rows_for(index: torch.Tensor) -> None:
-        """Fill the rows of the features `index` (and -1: the logit)."""
+        """Compute the rows of the features `index` (and -1: the logit)."""
         targets = torch.stack(
             [
                 dic.features[i].cpu() if i >= 0 else torch.tensor([-1, n_pos - 1, 0])
@@ -450,78 +459,85 @@ def build(
             ]
         )
         got = compute_rows(frozen, dic, targets, transcoders, ans, dis)
-        rows = torch.where(index >= 0, index, torch.tensor(n - 1))
-        adjacency[rows, :n_f] = got.features.cpu()
-        adjacency[rows, n_f : n_f + n_err] = got.errors.cpu()
-        adjacency[rows, n_f + n_err : n - 1] = got.tokens.cpu()
-        head_attribution[rows] = got.heads.cpu()
+        k0, k1 = len(row_nodes), len(row_nodes) + len(index)
+        store[k0:k1, :n_f] = got.features.cpu()
+        store[k0:k1, n_f : n_f + n_err] = got.errors.cpu()
+        store[k0:k1, n_f + n_err : n - 1] = got.tokens.cpu()
+        store_heads[k0:k1] = got.heads.cpu()
+        row_nodes.extend(i if i >= 0 else n - 1 for i in index.tolist())
         if progress is not None:
             progress(len(index))
 
     rows_for(torch.tensor([-1]))
     done = torch.zeros(n_f, dtype=torch.bool)
-    budget = min(n_f, max_feature_nodes)
+    weights = torch.zeros(n)
+    weights[-1] = 1.0
     while int(done.sum()) < budget:
         take = min(batch_size, budget - int(done.sum()))
         if n_f <= max_feature_nodes:
             order = torch.arange(n_f)
         else:  # the most influential features so far (circuit-tracer's greedy visit)
-            weights = torch.zeros(n)
-            weights[-1] = 1.0
-            influence = prune.influence(adjacency, weights)[:n_f]
-            order = torch.argsort(influence, descending=True, stable=True)
+            computed = len(row_nodes)
+            inf = prune.influence_rows(store[:computed], torch.tensor(row_nodes), weights)
+            order = torch.argsort(inf[:n_f], descending=True, stable=True)
         index = order[~done[order]][:take]
         rows_for(index)
         done[index] = True
 
-    targets_all = torch.cat([dic.features.cpu(), torch.tensor([[-1, n_pos - 1, 0]])])
-    inputs = torch.zeros(n)
-    inputs[:n_f] = dic.preacts.cpu()
+    # The graph: the features with rows, the others folded into their error nodes.
+    computed = len(row_nodes)
+    kept = torch.nonzero(done).flatten()
+    n_kept = len(kept)
+    feats, errors = fold_columns(store[:computed, :n_f], store[:computed, n_f : n_f + n_err],
+                                 dic.features.cpu(), done, n_pos)  # fmt: skip
+    cols = torch.cat([feats, errors, store[:computed, n_f + n_err :]], dim=1)
+    new_index = torch.full((n,), -1, dtype=torch.long)
+    new_index[kept] = torch.arange(n_kept)
+    new_index[n_f:] = torch.arange(n_kept, n_kept + n - n_f)
+    rows = new_index[torch.tensor(row_nodes)]
+    size = n_kept + n - n_f
+    adjacency = torch.zeros(size, size)
+    adjacency[rows] = cols
+    head_attribution = torch.zeros(size, n_layers, model.cfg.n_heads)
+    head_attribution[rows] = store_heads[:computed]
+    targets = torch.cat([dic.features.cpu()[kept], torch.tensor([[-1, n_pos - 1, 0]])])
+    inputs = torch.zeros(size)
+    inputs[:n_kept] = dic.preacts.cpu()[kept]
     inputs[-1] = run.metric
-    bias = torch.zeros(n)
-    bias[torch.cat([torch.arange(n_f), torch.tensor([n - 1])])] = biases(
-        frozen, dic, targets_all, transcoders, ans, dis
+    bias = torch.zeros(size)
+    bias[torch.cat([torch.arange(n_kept), torch.tensor([size - 1])])] = biases(
+        frozen, dic, targets, transcoders, ans, dis
     ).cpu()
     graph = PromptGraph(
         tokens=list(tokens),
         answer=answer,
         distractor=distractor,
         n_layers=n_layers,
-        features=dic.features.cpu(),
-        activations=dic.activations.cpu(),
+        features=dic.features.cpu()[kept],
+        activations=dic.activations.cpu()[kept],
         adjacency=adjacency,
         head_attribution=head_attribution,
         inputs=inputs,
         biases=bias,
         metric=run.metric,
         answer_prob=run.answer_prob,
+        dropped_features=n_f - n_kept,
         session=Session(frozen, dic, transcoders, ans, dis),
-        kept=done.clone() if n_f > max_feature_nodes else torch.ones(n_f, dtype=torch.bool),
+        kept=done.clone(),
     )
-    if n_f > max_feature_nodes:
-        graph = fold_into_errors(graph, keep=done)
     graph.passes = dict(counter.parts)
     return graph
 
 
-def fold_into_errors(graph: PromptGraph, keep: torch.Tensor) -> PromptGraph:
-    """`graph` without the features not in `keep`: each one's column is added to its (layer,
-    position)'s error column (its write becomes part of that error node), so every kept
-    node's input is still its incoming edges plus biases."""
-    a, n_f = graph.adjacency, graph.n_features
-    errors = a[:, n_f : n_f + graph.n_errors].clone()
-    for i in torch.nonzero(~keep).flatten().tolist():
-        layer, pos, _ = graph.features[i].tolist()
-        errors[:, layer * graph.n_pos + pos] += a[:, i]
-    kept = torch.cat([torch.nonzero(keep).flatten(), torch.arange(n_f, graph.n_nodes)])
-    adjacency = a[kept][:, kept]
-    k = int(keep.sum())
-    adjacency[:, k : k + graph.n_errors] = errors[kept]
-    graph.features = graph.features[keep]
-    graph.activations = graph.activations[keep]
-    graph.adjacency = adjacency
-    graph.head_attribution = graph.head_attribution[kept]
-    graph.inputs = graph.inputs[kept]
-    graph.biases = graph.biases[kept]
-    graph.dropped_features = n_f - k
-    return graph
+def fold_columns(feats: torch.Tensor, errors: torch.Tensor, features: torch.Tensor,
+                 keep: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Edges from every active feature [R, n_f] and error node [R, L * P] as edges from the
+    kept features and error nodes: a dropped feature's column is added to its (layer,
+    position)'s error column (its write becomes part of that error node), so every input is
+    still its incoming edges plus biases."""
+    if bool(keep.all()):
+        return feats, errors
+    dropped = torch.nonzero(~keep).flatten()
+    at = features[dropped, 0] * n_pos + features[dropped, 1]
+    errors = errors.clone().index_add_(1, at, feats[:, dropped])
+    return feats[:, keep], errors

@@ -172,7 +172,9 @@ def run(
                 cfg.prompt_graph_edge_threshold,
             )  # fmt: skip
             edge_heads = heads.split_edges(graph, pruned.edge_mask, cfg.prompt_graph_edge_heads,
-                                           cfg.prompt_graph_batch_size)  # fmt: skip
+                                           cfg.prompt_graph_batch_size,
+                                           cfg.prompt_graph_split_targets,
+                                           pruned.node_influence)  # fmt: skip
             checked = validate.validate(graph, pruned.node_mask, pruned.node_influence,
                                         cfg.prompt_graph_validation_features,
                                         cfg.spearman_threshold)  # fmt: skip
