@@ -2,7 +2,7 @@
 """Per-prompt attribution graphs on transcoders (rule prompt_graphs, sae.kind transcoder): for
 the first attribution.prompt_graphs prompts of a behaviour, the exact replacement graph, pruned
 by influence, written as circuit-tracer graph files with graph-metadata.json and summary.json
-in --out-dir (attribution/{behaviour}/prompt_graphs).
+in --out-dir (attribution/{behaviour}/prompt_graphs), and drawn on one page (--page).
 
 Exit status: 0 done; 2 bad config or unusable input; 3 out of memory."""
 
@@ -17,11 +17,12 @@ def run() -> None:
         "--tokens", nargs=2, help="activations/tokens.npy and tokens.json: the features' contexts"
     )
     parser.add_argument("--out-dir", required=True, help="attribution/{behaviour}/prompt_graphs")
+    parser.add_argument("--page", help="the page (default: --out-dir with .html)")
     args, config = cli.parse(parser)
     from circuitflow.attribution.prompt_graphs import stage  # SAELens: not for --help
 
     s = stage.run(config, args.behaviour, args.prompts, args.model_json, args.transcoders,
-                  args.out_dir, args.tokens)  # fmt: skip
+                  args.out_dir, args.tokens, args.page)  # fmt: skip
     print(
         f"prompt_graphs {args.behaviour}: {len(s['graphs'])} graphs, replacement score "
         f"{s['replacement_score_mean']}, completeness {s['completeness_score_mean']}, "

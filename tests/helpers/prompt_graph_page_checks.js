@@ -1,4 +1,4 @@
-// Injected after prompt_graphs/index.html's own script by tests/helpers/graph_page.py. Reads
+// Injected after prompt_graphs.html's own script by tests/helpers/graph_page.py. Reads
 // what the page drew from the DOM, hovers a feature and an edge carried by heads, moves the
 // thresholds and switches prompts as a reader would, and leaves the findings as JSON in
 // <body data-checks>. The test's settings replace CONFIG: {node_low, node_high}.

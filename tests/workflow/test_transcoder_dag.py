@@ -26,7 +26,8 @@ def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("transcoder-run")
     results = workdir / "results"
     targets = [results / "saes" / "replacement.json", results / "report" / "sae_metrics.csv",
-               results / "attribution" / "induction" / "prompt_graphs"]  # fmt: skip
+               results / "attribution" / "induction" / "prompt_graphs",
+               results / "attribution" / "induction" / "prompt_graphs.html"]  # fmt: skip
     done = run_snakemake(load_test_config("transcoder"), workdir, *map(str, targets))
     return results, done
 
@@ -131,14 +132,14 @@ def test_prompt_graphs_are_circuit_tracer_files_with_a_summary(run):
 
 
 def test_prompt_graph_page_in_chromium(run, tmp_path):
-    """index.html as a reader sees it: each prompt's tokens along the bottom in order, every
+    """prompt_graphs.html as a reader sees it: each prompt's tokens along the bottom in order, every
     node in its position's column and its layer's band, a feature's card with its contexts,
     an edge's card with the heads carrying it, thresholds that re-prune, a prompt menu."""
     from helpers.chromium import chromium
     from helpers.graph_page import PROMPT_CHECKS_JS, check_page
 
     results, _ = run
-    page = results / "attribution" / "induction" / "prompt_graphs" / "index.html"
+    page = results / "attribution" / "induction" / "prompt_graphs.html"
     out = check_page(chromium(), page, tmp_path, PROMPT_CHECKS_JS, node_low=0.3, node_high=0.95)
     assert out["errors"] == [], out["errors"]
     tokens = out["tokens_json"]
@@ -168,3 +169,16 @@ def test_prompt_graph_page_in_chromium(run, tmp_path):
     assert out["n_prompts"] == len(tokens) == 2
     last = sorted(out["last_prompt"]["labels"], key=lambda t: t["pos"])
     assert [t["text"] for t in last] == tokens[-1]
+
+
+def test_prompt_graph_page_is_in_the_snakemake_report(run):
+    """`snakemake --report` (a pure HTML report) of a transcoder run carries each behaviour's
+    page under Attribution, with its caption."""
+    results, _ = run
+    report = results.parent / "report.html"
+    page = results / "attribution" / "induction" / "prompt_graphs.html"  # the stages it ran
+    run_snakemake(load_test_config("transcoder"), results.parent, "--report", str(report),
+                  str(page))  # fmt: skip
+    text = report.read_text()
+    assert "per-prompt graphs" in text and "prompt_graphs.html" in text
+    assert "Per-prompt attribution graphs of behaviour" in text

@@ -76,7 +76,13 @@ rule prompt_graphs:
         transcoders=sae_outputs(),
         tokens=TOKEN_SET,  # the features' top-activating contexts
     output:
-        directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
+        graphs=directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
+        page=report(
+            f"{ATTR}/{{behaviour}}/prompt_graphs.html",
+            caption="../report/prompt_graphs.rst",
+            category="Attribution",
+            labels={"behaviour": "{behaviour}", "figure": "per-prompt graphs"},
+        ),
     log:
         f"{OUT}/logs/prompt_graphs/{{behaviour}}.log",
     benchmark:
@@ -94,4 +100,4 @@ rule prompt_graphs:
         stage("prompt_graphs")
         + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
         " --model-json {input.model} --transcoders {input.transcoders} --tokens {input.tokens}"
-        " --out-dir {output} 2> {log}"
+        " --out-dir {output.graphs} --page {output.page} 2> {log}"

@@ -222,7 +222,11 @@ def prompt_graph_outputs():
     """sae.kind transcoder: per-prompt replacement graphs (attribution.prompt_graphs > 0)."""
     if not TRANSCODERS or not config["attribution"]["prompt_graphs"]:
         return []
-    return expand(f"{ATTR}/{{behaviour}}/prompt_graphs", behaviour=BEHAVIOURS)
+    return expand(
+        f"{ATTR}/{{behaviour}}/{{name}}",
+        behaviour=BEHAVIOURS,
+        name=["prompt_graphs", "prompt_graphs.html"],
+    )
 
 
 def attribution_outputs():

@@ -1,6 +1,7 @@
-/* prompt_graphs/index.html's script (attribution/prompt_graphs/page.py inlines it): draws one
-   prompt's attribution graph from #graph-data as SVG, positions as columns and layers as bands,
-   with hover cards and threshold controls. Plain JavaScript; nothing is fetched. */
+/* attribution/{behaviour}/prompt_graphs.html's script (attribution/prompt_graphs/page.py
+   inlines it): draws one prompt's attribution graph from #graph-data as SVG, positions as
+   columns and layers as bands, with hover cards and threshold controls. Plain JavaScript;
+   nothing is fetched. */
 (function () {
   "use strict";
   const DATA = JSON.parse(document.getElementById("graph-data").textContent);

@@ -1,4 +1,5 @@
-"""prompt_graphs/index.html: the behaviour's per-prompt graphs as one self-contained page.
+"""attribution/{behaviour}/prompt_graphs.html: the behaviour's per-prompt graphs as one
+self-contained page.
 
 One prompt at a time (a menu picks it): the prompt's tokens along the bottom, one band per layer
 above them and the logit on top, each node in its position's column (circuit-tracer's layout).

@@ -1,7 +1,7 @@
 """The prompt_graphs job of one behaviour (sae.kind transcoder): a replacement graph for each
 of the first `attribution.prompt_graphs` prompts, pruned, split over heads, validated on the
 model and written as circuit-tracer graph files, with `summary.json`, the kept features'
-top-activating contexts and the page `index.html` beside them (see docs/outputs.md)."""
+top-activating contexts beside them, and the page that draws them (see docs/outputs.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 SUMMARY = "summary.json"
 INDEX = "graph-metadata.json"
 CONTEXTS = "feature_contexts.parquet"
-PAGE = "index.html"
 
 
 def kept_feature_contexts(
@@ -133,10 +132,11 @@ def run(
     transcoder_dirs: list[Path | str],
     out_dir: Path | str,
     token_set: tuple[Path | str, Path | str] | None = None,
+    page_path: Path | str | None = None,
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
     summary.json, feature_contexts.parquet (from `token_set` = (tokens.npy, tokens.json); none
-    without) and index.html; return the summary."""
+    without); then `page_path` (default: `out_dir` with .html), the page; return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
@@ -226,9 +226,8 @@ def run(
                                               skip_bos, tokenizer, counter)  # fmt: skip
             write_parquet(tmp / CONTEXTS, found)
         title = f"{behaviour}: per-prompt attribution graphs"
-        write_text(tmp / PAGE, page.page_html(title, pages, found,
-                                              cfg.prompt_graph_node_threshold,
-                                              cfg.prompt_graph_edge_threshold))  # fmt: skip
+        html = page.page_html(title, pages, found, cfg.prompt_graph_node_threshold,
+                              cfg.prompt_graph_edge_threshold)  # fmt: skip
         result = {
             "behaviour": behaviour,
             "graphs": rows,
@@ -252,6 +251,7 @@ def run(
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
+        write_text(page_path or out_dir.with_suffix(".html"), html)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
