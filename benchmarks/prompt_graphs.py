@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from circuitflow.attribution.prompt_graphs import heads, plan, prune, replacement, validate  # noqa: E402
+from circuitflow.attribution.prompt_graphs.stage import linearity_error  # noqa: E402
 from circuitflow.memory.probes import PeakMeter, track_live_bytes_on_cpu  # noqa: E402
 from circuitflow.model import architectures  # noqa: E402
 from circuitflow.nodes import hook_name, mlp_hook  # noqa: E402
@@ -128,7 +129,7 @@ def main() -> None:
     cfg = architectures.model_cfg(config)
     planned = plan.graph_bytes(config, args.device)
     work_planned = sum(v for k, v in planned.items() if k != "weights")
-    measured = meter.delta if hasattr(meter, "delta") else meter.peak - meter.base
+    measured = meter.delta
     rows = graph.passes.get("graph_rows", 0) / 3
     result = {
         "benchmark": "prompt_graphs",
@@ -144,13 +145,7 @@ def main() -> None:
             "kept_nodes": int(pruned.node_mask.sum()),
             "kept_edges": int(pruned.edge_mask.sum()),
             "cross_position_edges_split": len(split),
-            "linearity_max_abs_error": float(
-                (graph.adjacency.double().sum(1) + graph.biases - graph.inputs)[
-                    torch.cat([torch.arange(graph.n_features), torch.tensor([graph.n_nodes - 1])])
-                ]
-                .abs()
-                .max()
-            ),
+            "linearity_max_abs_error": linearity_error(graph),
             **scores,
             "validation_spearman": checked["spearman"],
         },

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuitflow.attribution.prompt_graphs.replacement import PromptGraph
+from circuitflow.attribution.prompt_graphs.replacement import PromptGraph, logit_target
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def split_edges(
         chunk = jobs[start : start + batch_size]
         targets = torch.stack(
             [
-                graph.features[t] if t < graph.n_features else torch.tensor([-1, n_pos - 1, 0])
+                graph.features[t] if t < graph.n_features else logit_target(n_pos)
                 for t, _, _ in chunk
             ]
         )

@@ -34,17 +34,6 @@ def context_key(layer: int, feature: int) -> str:
     return Node("feature", layer, feature, "mlp_out").id
 
 
-def cumulative(scores: torch.Tensor) -> torch.Tensor:
-    """Each score's cumulative share when sorted from the largest (circuit-tracer's
-    `influence` field): the largest has the smallest."""
-    order = scores.argsort(descending=True, stable=True)
-    out = torch.ones_like(scores)
-    total = scores.sum()
-    if total > 0:
-        out[order] = scores[order].cumsum(0) / total
-    return out
-
-
 def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts: list[str],
                summary: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """What the page needs of one graph."""
@@ -55,9 +44,8 @@ def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts
     a = graph.adjacency.clone()
     a[~shown] = 0
     a[:, ~shown] = 0
-    weights = prune.logit_weights(kinds)
-    scores = prune.normalize(a) * (prune.influence(a, weights) + weights)[:, None]
-    edge_cum = cumulative(scores.flatten()).reshape(scores.shape)
+    scores = prune.edge_scores(a, prune.logit_weights(kinds))
+    edge_cum = prune.cumulative(scores.flatten()).reshape(scores.shape)
     keep = ((edge_cum <= PAGE_EDGE_SHARE) | pruned.edge_mask) & (a != 0)
     index = {}
     nodes = []

@@ -37,13 +37,13 @@ def active_features(config: dict, positions: int) -> int:
     return per_site * len(config["layers"]) * positions
 
 
-def max_features(config: dict, n_layers: int, positions: int) -> int:
+def max_features(config: dict, positions: int) -> int:
     """The most feature nodes a graph can hold."""
     return min(active_features(config, positions), config["attribution"]["max_feature_nodes"])
 
 
 def max_nodes(config: dict, model_cfg, positions: int) -> int:
-    n_f = max_features(config, model_cfg.n_layers, positions)
+    n_f = max_features(config, positions)
     return n_f + (model_cfg.n_layers + 1) * positions + 1
 
 
@@ -65,7 +65,7 @@ def graph_bytes(config: dict, device: str) -> dict[str, int]:
         "fixed": est.fixed_device,
         "rows": per_copy * config["attribution"]["prompt_graph_batch_size"],
         # The rows computed, over every active feature's column, and their folded copy.
-        "store": 2 * (max_features(config, cfg.n_layers, positions) + 1) * columns * 4,
+        "store": 2 * (max_features(config, positions) + 1) * columns * 4,
         "adjacency": max_nodes(config, cfg, positions) ** 2 * ADJACENCY_BYTES,
     }
 
@@ -83,7 +83,7 @@ def graph_passes(config: dict, model_cfg, positions: int) -> int:
     a backward (2) per row (every feature kept and the logit; the head split's rows), and the
     validation's forward of its ablations (twice, the second with the norms frozen)."""
     attr = config["attribution"]
-    rows = max_features(config, model_cfg.n_layers, positions) + 1
+    rows = max_features(config, positions) + 1
     head_rows = attr["prompt_graph_edge_heads"] * min(attr["prompt_graph_split_targets"], rows)
     validation = 3 + 2 * attr["prompt_graph_validation_features"]
     return 2 + 3 * (rows + head_rows) + validation

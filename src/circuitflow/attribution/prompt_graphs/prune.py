@@ -22,15 +22,8 @@ def normalize(adjacency: torch.Tensor) -> torch.Tensor:
 def influence(adjacency: torch.Tensor, weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
     """Each node's total influence on the weighted target nodes through the normalised graph,
     w B + w B^2 + ... (float64 sums); `weights` [n] is nonzero on the logit nodes."""
-    b = normalize(adjacency).double()
-    current = weights.double() @ b
-    total = current.clone()
-    for _ in range(max_iter):
-        if not current.any():
-            return total.float()
-        current = current @ b
-        total += current
-    raise ValueError("the graph has a cycle: influence does not converge")
+    every_row = torch.arange(len(adjacency))
+    return influence_rows(adjacency, every_row, weights, max_iter)
 
 
 def influence_rows(rows: torch.Tensor, row_nodes: torch.Tensor, weights: torch.Tensor,
@@ -59,6 +52,23 @@ def cumulative_threshold(scores: torch.Tensor, share: float) -> float:
     cumulative = ordered.cumsum(0) / total
     index = int(torch.searchsorted(cumulative, torch.tensor(share, dtype=cumulative.dtype)))
     return float(ordered[min(index, len(ordered) - 1)])
+
+
+def edge_scores(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """circuit-tracer's edge influence: each normalised edge weight times its target's
+    influence on the logit (plus the target's own logit weight)."""
+    return normalize(adjacency) * (influence(adjacency, weights) + weights)[:, None]
+
+
+def cumulative(scores: torch.Tensor) -> torch.Tensor:
+    """Each score's cumulative share of the total when sorted from the largest (circuit-tracer's
+    `influence` field): the largest has the smallest; all 1 when the total is 0."""
+    order = scores.argsort(descending=True, stable=True)
+    out = torch.ones_like(scores)
+    total = scores.sum()
+    if total > 0:
+        out[order] = scores[order].cumsum(0) / total
+    return out
 
 
 @dataclass
@@ -99,8 +109,8 @@ def prune(
     a = adjacency.clone()
     a[~node_mask] = 0
     a[:, ~node_mask] = 0
-    edge_scores = normalize(a) * (influence(a, weights) + weights)[:, None]
-    edge_mask = edge_scores >= cumulative_threshold(edge_scores, edge_threshold)
+    scores = edge_scores(a, weights)
+    edge_mask = scores >= cumulative_threshold(scores, edge_threshold)
     edge_mask &= a != 0
 
     exempt = is_logit | is_token
@@ -111,11 +121,7 @@ def prune(
         if bool((keep == node_mask).all()):
             break
         node_mask = keep
-    order = torch.argsort(node_inf, descending=True, stable=True)
-    cumulative = torch.empty_like(node_inf)
-    total = node_inf.sum()
-    cumulative[order] = node_inf[order].cumsum(0) / total if total > 0 else 1.0
-    return Pruned(node_mask, edge_mask, node_inf, cumulative)
+    return Pruned(node_mask, edge_mask, node_inf, cumulative(node_inf))
 
 
 def scores(adjacency: torch.Tensor, kinds: list[str]) -> dict[str, float]:

@@ -33,6 +33,11 @@ from circuitflow.perf import PassCounter
 FROZEN_SUFFIXES = ("hook_pattern", "hook_scale")
 
 
+def logit_target(n_pos: int) -> torch.Tensor:
+    """The logit node as a target row (layer, position, feature): layer -1, the last position."""
+    return torch.tensor([-1, n_pos - 1, 0])
+
+
 @dataclass
 class PromptGraph:
     """One prompt's graph. `adjacency[t, s]` is the direct effect of node s on node t's input."""
@@ -161,14 +166,14 @@ def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> Clea
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens[None], names_filter=wanted)
     frozen = {k: v.float() for k, v in cache.items() if k.endswith(FROZEN_SUFFIXES)}
+    pair = [torch.tensor([t], device=logits.device) for t in (answer, distractor)]
     last = logits[0, -1].float()
-    metric = float(last[answer] - last[distractor])
     return CleanRun(
         frozen=frozen,
         embed=cache[EMBED_HOOK][0].float(),
         mlp_in={layer: cache[name][0].float() for name, layer in ins.items()},
         mlp_out={layer: cache[name][0].float() for name, layer in outs.items()},
-        metric=metric,
+        metric=float(logit_diff(logits, *pair)[0]),
         answer_prob=float(last.softmax(-1)[answer]),
     )
 
@@ -186,9 +191,11 @@ class Dictionary:
     use: torch.Tensor  # [P] bool: the positions where transcoders replace the MLPs
 
 
-def encoder_preacts(tc, x: torch.Tensor) -> torch.Tensor:
-    """A transcoder's encoder pre-activation (x W_enc + b_enc): a feature node's input."""
-    return tc.process_sae_in(x.to(tc.dtype)).float() @ tc.W_enc.float() + tc.b_enc.float()
+def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
+    """A transcoder's encoder pre-activations (x W_enc + b_enc) of `features` (default all):
+    a feature node's input."""
+    w, b = tc.W_enc[:, features].float(), tc.b_enc[features].float()
+    return tc.process_sae_in(x.to(tc.dtype)).float() @ w + b
 
 
 def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) -> Dictionary:
@@ -196,7 +203,7 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
     positions not in `skip` (BOS, where the transcoders were not trained: there the whole output
     is the error node, as the spliced evaluations leave BOS to the real MLP)."""
     n_layers = len(run.mlp_out)
-    pos_count, d = run.embed.shape
+    d = run.embed.shape[1]
     errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
     bias = torch.zeros_like(errors)
     feats, acts, pre, writes = [], [], [], []
@@ -329,10 +336,7 @@ class FrozenModel:
             if layer < 0:
                 out.append(logit_diff(logits[r : r + 1], answer, distractor)[0])
             else:
-                tc = transcoders[layer]
-                x = read[layer][r, pos]
-                w = tc.W_enc[:, feat].float()
-                out.append(tc.process_sae_in(x.to(tc.dtype)).float() @ w + tc.b_enc[feat].float())
+                out.append(encoder_preacts(transcoders[layer], read[layer][r, pos], feat))
         return torch.stack(out), zs
 
 
@@ -453,10 +457,7 @@ def build(
     def rows_for(index: torch.Tensor) -> None:
         """Compute the rows of the features `index` (and -1: the logit)."""
         targets = torch.stack(
-            [
-                dic.features[i].cpu() if i >= 0 else torch.tensor([-1, n_pos - 1, 0])
-                for i in index.tolist()
-            ]
+            [dic.features[i].cpu() if i >= 0 else logit_target(n_pos) for i in index.tolist()]
         )
         got = compute_rows(frozen, dic, targets, transcoders, ans, dis)
         k0, k1 = len(row_nodes), len(row_nodes) + len(index)
@@ -500,7 +501,7 @@ def build(
     adjacency[rows] = cols
     head_attribution = torch.zeros(size, n_layers, model.cfg.n_heads)
     head_attribution[rows] = store_heads[:computed]
-    targets = torch.cat([dic.features.cpu()[kept], torch.tensor([[-1, n_pos - 1, 0]])])
+    targets = torch.cat([dic.features.cpu()[kept], logit_target(n_pos)[None]])
     inputs = torch.zeros(size)
     inputs[:n_kept] = dic.preacts.cpu()[kept]
     inputs[-1] = run.metric

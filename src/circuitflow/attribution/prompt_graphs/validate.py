@@ -101,19 +101,16 @@ def validate(graph: PromptGraph, node_mask: torch.Tensor, influence: torch.Tenso
     top = kept_features[order[:n_features]].tolist()
     rows = ["clean", "pruned", "none"] + [f"feature {i}" for i in top]
     masks = {}
-    index = {tuple(f): i for i, f in enumerate(graph.features.tolist())}
+    feats = graph.features
     for layer, tc in s.transcoders.items():
-        m = torch.ones(len(rows), n_pos, tc.cfg.d_sae, device=s.frozen.tokens.device)
-        m[1] = 0.0
-        m[2] = 0.0
-        for (lay, pos, feat), i in index.items():
-            if lay == layer and bool(node_mask[i]):
-                m[1, pos, feat] = 1.0
+        m = torch.ones(len(rows), n_pos, tc.cfg.d_sae)
+        m[1:3] = 0.0  # "pruned" turns its features back on below; "none" keeps them off
+        on = (feats[:, 0] == layer) & node_mask[:n_f]
+        m[1, feats[on, 1], feats[on, 2]] = 1.0
         for r, i in enumerate(top, start=3):
-            lay, pos, feat = graph.features[i].tolist()
-            if lay == layer:
-                m[r, pos, feat] = 0.0
-        masks[layer] = m
+            if feats[i, 0] == layer:
+                m[r, feats[i, 1], feats[i, 2]] = 0.0
+        masks[layer] = m.to(s.frozen.tokens.device)
     with s.frozen.counter.part("validation"):
         metrics = spliced_metrics(graph, masks)
         ablated = spliced_metrics(graph, {k: m[3:] for k, m in masks.items()}, freeze_norms=True)
