@@ -111,7 +111,7 @@ def measure(results: Path, behaviour: str, batch_size: int) -> dict:
     n = 0
     for batch in iter_batches(prompts, batch_size, "cpu"):
         corr = sp.acts(batch.corrupted)
-        plain, metric, clean = atp_batch(sp, batch, corr, exact_direct=False)
+        plain, metric, clean, _ = atp_batch(sp, batch, corr, exact_direct=False)
         # The gradient with every attention pattern held constant, and each pattern's own. The
         # final residual lies after every pattern: its value and gradient are the clean run's,
         # so they also give the stage's atp (plain AtP, direct effects exact) without its pass.

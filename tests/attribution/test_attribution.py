@@ -121,7 +121,7 @@ def _linear_scores(model, saes, prompts, method: str, steps: int = 0) -> dict:
         with torch.no_grad():
             run = sp.run(batch.clean)
         clean = {k: v.detach() for k, v in run.acts.items()}
-        scores = ig.ig_batch(sp, batch, clean, corr, run.final, steps, exact_direct=False)
+        scores = ig.ig_batch(sp, batch, clean, corr, run.final, steps, exact_direct=False)[0]
     return {k: v.mean(0).detach() for k, v in scores.items()}
 
 
@@ -245,7 +245,7 @@ def test_edges_are_direct_effects_and_agree_with_exact_direct_paths(tiny):
     frame = attr.with_score(scores.frame, cfg.method)
     nodes = circuit_graph.select_nodes(frame, cfg)
     sp = scores.spliced
-    edges = circuit_graph.compute_edges(sp, prompts, nodes, cfg)
+    edges = circuit_graph.compute_edges(sp, prompts, nodes, cfg, scores.kept)
     feats0 = nodes[(nodes["kind"] == "feature") & (nodes["layer"] == 0)]
     feats1 = nodes[(nodes["kind"] == "feature") & (nodes["layer"] == 1)]
     pairs = [(u, f"head.1.{h}") for u in feats0["id"][:4] for h in range(N_HEADS)]
@@ -475,3 +475,39 @@ def test_graph_edges_show_the_exact_weight_where_it_was_computed(tiny):
     weights = np.array([e["weight"] for e in graph["computed_edges"]])
     kept = circuit_graph.cumulative_keep(weights, cfg.edge_threshold)
     assert graph["edges"] == [graph["computed_edges"][i] for i in sorted(kept)]
+
+
+@pytest.mark.parametrize("method", list(methods.REGISTRY))
+def test_kept_gradients_are_each_validation_prompts_own(tiny, method):
+    """The edges reuse the score pass's gradients (scores.Kept) instead of a gradient pass of
+    their own: kept for the validation prompts only, each prompt's (scored in batches of 3,
+    mixed with other prompts) equal to its gradient computed alone, and its clean metric too."""
+    model, saes, prompts = tiny
+    cfg = AttributionConfig(method=method, ig_steps=3, batch_size=3, validation_prompts=4)
+    scored = attr.score_nodes(model, prompts, saes, cfg)
+    kept, sp = scored.kept, scored.spliced
+    validation = attr.validation_prompts(prompts, cfg)
+    assert sorted(kept.gradients) == sorted(validation.index) and len(validation) == 4
+    for label in validation.index:
+        one = next(splice.iter_batches(prompts.loc[[label]], 1, "cpu"))
+        corr = sp.acts(one.corrupted)
+        with torch.no_grad():
+            run = sp.run(one.clean)
+        clean = {k: v.detach() for k, v in run.acts.items()}
+        if method == "ig":
+            want = ig.path_gradients(sp, one, list(clean), clean, corr, cfg.ig_steps)
+        else:
+            with torch.enable_grad():
+                run = sp.run(one.clean)
+                m = splice.logit_diff(run.logits, one.answer, one.distractor).sum()
+                keys = list(run.acts)
+                grads = torch.autograd.grad(m, [run.acts[k] for k in keys], allow_unused=True)
+            want = {
+                k: torch.zeros_like(clean[k]) if g is None else g
+                for k, g in zip(keys, grads, strict=True)
+            }
+        have = kept.batch_gradients([label], list(clean), "cpu")
+        for k in clean:
+            torch.testing.assert_close(have[k], want[k], atol=1e-5, rtol=1e-4, msg=k)
+        metric = splice.logit_diff(run.logits, one.answer, one.distractor)
+        torch.testing.assert_close(kept.batch_metric([label], "cpu"), metric.detach())

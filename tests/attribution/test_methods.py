@@ -47,14 +47,12 @@ def test_config_accepts_registered_methods_only():
 
 
 def test_perf_charges_the_records_passes(tiny, monkeypatch):
-    """perf.attribution_passes takes the score pass and the edges' gradients from the record
-    (plus the corrupted forward both share), whatever they are."""
+    """perf.attribution_passes takes the score pass from the record (plus the corrupted forward
+    before it), whatever it is; the edges reuse its gradients, so charge no pass of it."""
     record = Method(
         name="probe",
         score_batch=atp.score_batch,
-        edge_gradients=atp.edge_gradients,
         passes=lambda cfg: 7.0 * cfg.ig_steps,
-        gradient_passes=lambda cfg: 5.0,
         memory_factor=1.0,
         description="a record with passes of its own",
     )
@@ -65,22 +63,18 @@ def test_perf_charges_the_records_passes(tiny, monkeypatch):
     )
     planned = perf.attribution_passes(model_cfg, 2, cfg, 8, D_SAE)
     assert planned["probe"] == 1.0 + 14.0
-    assert planned["edges"] == 4 / 8 * (1.0 + 5.0 + 7)
-    # The two registered methods: the counts the planner charged before the registry.
+    assert planned["edges"] == 4 / 8 * (2.0 + 7)
+    # The two registered methods: a corrupted forward, a clean one, a forward and backward
+    # per step (ig) or one (atp).
     ig = perf.attribution_passes(model_cfg, 2, replace(cfg, method="ig"), 8, D_SAE)
     at = perf.attribution_passes(model_cfg, 2, replace(cfg, method="atp"), 8, D_SAE)
-    assert (ig["ig"], ig["edges"]) == (2.0 + 3.0 * 2, 4 / 8 * (2.0 + 3.0 * 2 + 7))
-    assert (at["atp"], at["edges"]) == (4.0, 4 / 8 * (4.0 + 7))
+    assert (ig["ig"], ig["edges"]) == (2.0 + 3.0 * 2, 4 / 8 * (2.0 + 7))
+    assert (at["atp"], at["edges"]) == (4.0, 4 / 8 * (2.0 + 7))
 
 
 def _doubled(sp, batch, corr, cfg):
-    out, metric, clean = atp.score_batch(sp, batch, corr, cfg)
-    return {k: 2 * v for k, v in out.items()}, metric, clean
-
-
-def _doubled_gradients(sp, batch, keys, corr, cfg):
-    grads, clean, metric = atp.edge_gradients(sp, batch, keys, corr, cfg)
-    return {k: 2 * g for k, g in grads.items()}, clean, metric
+    out, metric, clean, grads = atp.score_batch(sp, batch, corr, cfg)
+    return {k: 2 * v for k, v in out.items()}, metric, clean, {k: 2 * g for k, g in grads.items()}
 
 
 def test_a_registered_method_runs_through_scores_edges_and_the_count(tiny, monkeypatch):
@@ -94,9 +88,7 @@ def test_a_registered_method_runs_through_scores_edges_and_the_count(tiny, monke
         Method(
             name="doubled",
             score_batch=_doubled,
-            edge_gradients=_doubled_gradients,
             passes=atp.passes,
-            gradient_passes=atp.passes,
             memory_factor=1.0,
             description="atp, times two",
         ),
@@ -117,8 +109,8 @@ def test_a_registered_method_runs_through_scores_edges_and_the_count(tiny, monke
 
     nodes = circuit_graph.select_nodes(scores.with_score(ref.frame, "atp"), base)
     subset = scores.validation_prompts(prompts, base)
-    want = circuit_graph.compute_edges(ref.spliced, subset, nodes, base)
-    have = circuit_graph.compute_edges(got.spliced, subset, nodes, cfg)
+    want = circuit_graph.compute_edges(ref.spliced, subset, nodes, base, ref.kept)
+    have = circuit_graph.compute_edges(got.spliced, subset, nodes, cfg, got.kept)
     assert set(have) == set(want)
     inner = [e for e in want if e[1] != circuit_graph.LOGIT]
     assert inner and any(want[e] != 0 for e in inner)

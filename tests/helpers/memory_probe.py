@@ -169,8 +169,9 @@ def attribution(arch: str, method: str, n_prompts: int) -> None:
     with memory.PeakMeter("cpu") as meter:
         attr.score_nodes(model, prompts, saes, acfg)
     n_params = sum(p.numel() for p in model.parameters())
+    kept = min(acfg.validation_prompts, n_prompts)  # every prompt's gradients are kept
     est = attribution_plan.estimate_attribution(
-        model.cfg, n_params, t, 2, d_sae, torch.float32, "cpu", method
+        model.cfg, n_params, t, 2, d_sae, torch.float32, "cpu", method, kept
     )
     emit("attribution", f"{arch} {method}", meter.delta + resident, est.total(n_prompts))
 

@@ -7,8 +7,10 @@ set to its corrupted value, and the cut model recomputes what d's direct inputs 
 a_d(u corrupted), exactly: one forward of the cut model per upstream node serves every d. The
 step from d to the metric is linear:
     w(u -> d) = sum over positions of g_d . (a_d,clean - a_d(u corrupted)),
-with g_d = dm/da_d, the total gradient, by the method's `edge_gradients` (methods/): on the
-clean run (`method: atp`) or averaged along the activation path of integrated gradients (`ig`).
+with g_d = dm/da_d, the total gradient the method's node scores used (methods/): on the clean
+run (`method: atp`) or averaged along the activation path of integrated gradients (`ig`), kept
+from the score pass for the validation prompts (scores.Kept), so the edges spend no gradient
+pass of their own.
 A hybrid: the step from u to d is exact because it is where a linearisation goes wrong most (an
 attention pattern that moves, a feature that switches off), and it costs one forward per
 upstream node, where a Jacobian needs one backward per downstream node.
@@ -45,7 +47,7 @@ import pandas as pd
 import torch
 
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.scores import node_patch, spearman
+from circuitflow.attribution.scores import Kept, node_patch, spearman
 from circuitflow.attribution.splice import Batch, Spliced, iter_batches, logit_diff
 from circuitflow.nodes import Node
 
@@ -160,14 +162,15 @@ def direct_changes(sp: Spliced, batch: Batch, clean: dict, corr: dict, u: dict):
 
 
 def compute_edges(
-    sp: Spliced, prompts: pd.DataFrame, nodes: pd.DataFrame, cfg: AttributionConfig
+    sp: Spliced, prompts: pd.DataFrame, nodes: pd.DataFrame, cfg: AttributionConfig, kept: Kept
 ) -> dict[tuple[str, str], float]:
     """Direct-effect edge weights between the selected nodes (and from each to the logit),
     averaged over prompts: w(u -> d) = g_d . (a_d - a_d(u corrupted)) summed over positions,
     with a_d(u corrupted) computed exactly in the cut model (one forward per upstream node),
     so the step from u to d keeps its non-linearities (an attention pattern that moves), and
-    g_d = dm/da_d by the configured method's `edge_gradients`; w(u -> logit) is exact. Pairs
-    where d moved on no prompt (no direct path) are left out."""
+    g_d = dm/da_d, the configured method's gradient kept from its score pass (`kept`, which
+    holds every prompt of `prompts`); w(u -> logit) is exact. Pairs where d moved on no
+    prompt (no direct path) are left out."""
     device = next(sp.model.parameters()).device
     recs = nodes.to_dict("records")
     pairs = edge_pairs(nodes, cfg.edges)
@@ -177,11 +180,11 @@ def compute_edges(
     sums = dict.fromkeys(pairs, 0.0)
     reached: set[tuple[int, int | None]] = set()  # pairs where d moved on some prompt
     keys = sorted({r["key"] for r in recs})
-    edge_gradients = cfg.method_record.edge_gradients
     n = 0
     for batch in iter_batches(prompts, cfg.batch_size, device):
+        clean, base = clean_run(sp, batch)
         corr = sp.acts(batch.corrupted)
-        grads, clean, base = edge_gradients(sp, batch, keys, corr, cfg)
+        grads = kept.batch_gradients(prompts.index[batch.rows], keys, device)
         for i, downs in by_up.items():
             cut = direct_changes(sp, batch, clean, corr, recs[i])
             for j in downs:
@@ -192,9 +195,8 @@ def compute_edges(
                 else:
                     d = recs[j]
                     change = _select(clean[d["key"]] - cut.raw[d["key"]], d["kind"], d["index"])
-                    sums[(i, j)] += (
-                        (_select(grads[d["key"]], d["kind"], d["index"]) * change).sum().item()
-                    )
+                    g = _select(grads[d["key"]], d["kind"], d["index"])
+                    sums[(i, j)] += (g.float() * change.float()).sum().item()
                     moved = bool(change.any())
                 if moved:
                     reached.add((i, j))

@@ -43,6 +43,15 @@ ATTRIBUTION_SAE = 3.3
 ATTRIBUTION_WO_COPIES = 2.3  # W_O's copy and the projections' saved layouts (LN models)
 
 
+def kept_bytes(model_cfg, prompt_length: int, n_saes: int, d_sae: int, compute_dtype) -> int:
+    """Host bytes of one validation prompt's kept gradients (scores.Kept): dm/da of every node
+    tensor, the embedding, each layer's hook_z and MLP output in the model's dtype, each SAE's
+    features and error in fp32."""
+    d, h, dh, _kv, _m, _v = model_dims(model_cfg)
+    plain = (d + model_cfg.n_layers * (h * dh + d)) * dtype_bytes(compute_dtype)
+    return prompt_length * (plain + n_saes * (d_sae + d) * 4)
+
+
 def estimate_attribution(
     model_cfg,
     n_params: int,
@@ -52,10 +61,12 @@ def estimate_attribution(
     compute_dtype: torch.dtype,
     device: str,
     method: str = "ig",
+    kept_prompts: int = 0,
 ) -> Estimate:
     """Peak memory of the attribution stage per prompt: the gradient pass counted below, times
     the method's `memory_factor` (its registry record, attribution/methods: 1.0 for atp, and
-    for ig, which runs its steps one after another, each such a pass)."""
+    for ig, which runs its steps one after another, each such a pass); on the host, the
+    gradients kept for `kept_prompts` validation prompts (kept_bytes)."""
     c = dtype_bytes(compute_dtype)
     t = prompt_length
     d, h, dh, _kv, m, v = model_dims(model_cfg)
@@ -77,7 +88,7 @@ def estimate_attribution(
         weights=n_params * c + n_saes * sae_param_bytes(d, d_sae),
         per_context_device=int(per_prompt * methods.get(method).memory_factor),
         per_context_host=0,
-        buffers=0,
+        buffers=kept_prompts * kept_bytes(model_cfg, t, n_saes, d_sae, compute_dtype),
         device=device,
         fixed_device=fixed,
         item="prompt",
@@ -85,16 +96,18 @@ def estimate_attribution(
 
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
-    """Host bytes of an attribution job's work at `attribution.batch_size`; on CPU at least the
-    feature contexts' chunk (three d_sae-wide fp32 tensors a row); a real model's load where
-    that is more."""
+    """Host bytes of an attribution job's work at `attribution.batch_size`, the kept gradients
+    of the largest behaviour's validation prompts included; on CPU at least the feature
+    contexts' chunk (three d_sae-wide fp32 tensors a row); a real model's load where that is
+    more."""
     cfg = architectures.model_cfg(config)
     n_params = architectures.n_params(cfg)
     attr = config["attribution"]
     d_sae = sae_width(config, cfg.d_model)
+    kept = min(attr["validation_prompts"], n_prompts(config, None, attr.get("max_prompts")))
     est = estimate_attribution(
         cfg, n_params, prompt_length(config, cfg), n_hooks(config), d_sae,
-        model_dtype(config, device), device, attr["method"],
+        model_dtype(config, device), device, attr["method"], kept,
     )  # fmt: skip
     work = est.host_peak(int(attr["batch_size"]))
     if not device.startswith("cuda"):

@@ -82,7 +82,8 @@ def node_patch(key: str, group: HookGroup, index: int, value: torch.Tensor) -> P
 
 @torch.no_grad()
 def exact_batch(sp: Spliced, batch: Batch, corr, nodes: list[tuple[str, int]], base=None):
-    """Activation patching: one forward per node; per node, the per-prompt drop in the metric."""
+    """Activation patching: one forward per node; per node, the per-prompt drop in the metric
+    from `base`, the clean metric (a clean forward's when None)."""
     group_of = sp.group_of
     if base is None:
         base = logit_diff(sp.run(batch.clean).logits, batch.answer, batch.distractor)
@@ -94,6 +95,32 @@ def exact_batch(sp: Spliced, batch: Batch, corr, nodes: list[tuple[str, int]], b
 
 
 # --- the whole attribution ------------------------------------------------------------------------
+class Kept:
+    """What the score pass computed on the validation prompts and the later steps there need
+    again, on the host (a prompt's gradients are every node's activation's size): per prompt
+    (the prompt table's index label), dm/da of every key (the method's gradient, which the
+    graph's edges are weighted by) and the clean metric (exact patching's base). Reusing them
+    spares the edges the method's gradient passes: ig_steps forwards and backwards a prompt."""
+
+    def __init__(self) -> None:
+        self.gradients: dict[Any, dict[str, torch.Tensor]] = {}
+        self.metric: dict[Any, torch.Tensor] = {}
+
+    def add(self, labels, grads: dict[str, torch.Tensor], metric: torch.Tensor, rows) -> None:
+        """Batch rows `rows` of `grads` and `metric`, for the prompts labelled `labels`."""
+        for label, row in zip(labels, rows, strict=True):
+            # Copies: a row of the batch's tensor would keep the whole batch alive.
+            self.gradients[label] = {k: g[row].to("cpu", copy=True) for k, g in grads.items()}
+            self.metric[label] = metric[row].detach().to("cpu", copy=True)
+
+    def batch_gradients(self, labels, keys, device) -> dict[str, torch.Tensor]:
+        """Per key, the kept gradients of `labels`, stacked in that order [b, ...]."""
+        return {k: torch.stack([self.gradients[x][k] for x in labels]).to(device) for k in keys}
+
+    def batch_metric(self, labels, device) -> torch.Tensor:
+        return torch.stack([self.metric[x] for x in labels]).to(device)
+
+
 @dataclass
 class NodeScores:
     """Mean scores per node: frame with key, kind, layer, index, site, order and the
@@ -105,6 +132,7 @@ class NodeScores:
     metric_corrupted: float
     seconds: dict[str, float]
     n_prompts: int
+    kept: Kept  # the validation prompts' gradients and clean metrics, which edges reuse
 
     @property
     def groups(self) -> list[HookGroup]:
@@ -202,11 +230,15 @@ def score_nodes(
     size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
     backoff = memory.OOMBackoff(size, str(device), stage="attribution")
 
+    kept = Kept()
+
     def fast_batch(batch: Batch):
         with torch.no_grad():
             run_corr = sp.run(batch.corrupted)
         corr = {k: v.detach() for k, v in run_corr.acts.items()}
-        scores, metric, clean = method.score_batch(sp, batch, corr, cfg)
+        scores, metric, clean, grads = method.score_batch(sp, batch, corr, cfg)
+        rows = np.flatnonzero(checked[batch.rows])
+        kept.add(prompts.index[batch.rows[rows]], grads, metric, rows)
         m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
         return scores, activation_change(sp, clean, corr), metric, m_corr
 
@@ -239,7 +271,13 @@ def score_nodes(
             validation_set,
             backoff,
             device,
-            lambda b: exact_batch(sp, b, sp.acts(b.corrupted), exact_nodes),
+            lambda b: exact_batch(
+                sp,
+                b,
+                sp.acts(b.corrupted),
+                exact_nodes,
+                kept.batch_metric(validation_set.index[b.rows], device),
+            ),
         ):
             for node, v in values.items():
                 exact.add(node, v, batch.rows)
@@ -255,7 +293,8 @@ def score_nodes(
         frame[column] = filled
     t_exact = time.perf_counter() - t0
     n = fast.n[None]
-    return NodeScores(frame, sp, m_clean / n, m_corr / n, {"fast": t_fast, "exact": t_exact}, n)
+    seconds = {"fast": t_fast, "exact": t_exact}
+    return NodeScores(frame, sp, m_clean / n, m_corr / n, seconds, n, kept)
 
 
 def validation_mask(prompts: pd.DataFrame, cfg: AttributionConfig) -> np.ndarray:
@@ -417,15 +456,17 @@ def plan_attribution_batch(
 ):
     """The memory plan's batch size (prompts), at most `cfg.batch_size`: the gradient passes hold
     every layer's activations and every SAE's features, so a batch that fits a small model can
-    exceed a GPU on a real one. Batching changes no score (each is a mean over prompts).
+    exceed a GPU on a real one; the validation prompts' kept gradients are on the host (on CPU,
+    the same memory). Batching changes no score (each is a mean over prompts).
     Returns memory.BatchPlan."""
     params = list(model.parameters())
     device = str(params[0].device)
     length = max((len(t) for t in prompts["clean_tokens"]), default=1)
     d_sae = max((sae.cfg.d_sae for sae in saes.values()), default=0)
+    kept = int(validation_mask(prompts, cfg).sum())  # prompts whose gradients are kept
     estimate = estimate_attribution(
         model.cfg, sum(p.numel() for p in params), length, len(saes), d_sae, params[0].dtype,
-        device, cfg.method,
+        device, cfg.method, kept,
     )  # fmt: skip
     loaded = estimate.weights  # the model and SAEs are on the device already
     return memory.plan_batch_size(

@@ -86,7 +86,7 @@ def build_graph(
     t0 = time.perf_counter()
     nodes = circuit_graph.select_nodes(scored.frame, cfg)
     with sp.counter.part("edges"):
-        edges = circuit_graph.compute_edges(sp, validation, nodes, cfg)
+        edges = circuit_graph.compute_edges(sp, validation, nodes, cfg, scored.scores.kept)
     meta["seconds"]["edges"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with sp.counter.part("edge_validation"):

@@ -21,19 +21,14 @@ class Method:
 
     name: str  # the value of attribution.method, and the suffix of the `score_<name>` columns
     # (spliced model, batch, corrupted activations, config) -> (per key, per-prompt node scores
-    # [b, n_nodes]; the clean metric [b]; every node's clean activation, detached). Runs after the
+    # [b, n_nodes]; the clean metric [b]; every node's clean activation, detached; dm/da for
+    # every key's tensor, detached, total through every path: the gradient its scores used,
+    # which the graph's edges are weighted by, kept for the validation prompts). Runs after the
     # stage's corrupted forward, which it does not count.
-    score_batch: Callable[[Spliced, Batch, Acts, AttributionConfig], tuple[Acts, Any, Acts]]
-    # (spliced model, batch, keys, corrupted activations, config) -> (dm/da for each key's
-    # tensor, total through every path; every node's clean activation, detached; the clean
-    # metric [b]).
-    edge_gradients: Callable[
-        [Spliced, Batch, list[str], Acts, AttributionConfig], tuple[Acts, Acts, Any]
-    ]
-    # Forward-pass equivalents per prompt of score_batch and of edge_gradients (a backward with
-    # frozen weights counts two forwards); the corrupted forward before each is the stage's.
+    score_batch: Callable[[Spliced, Batch, Acts, AttributionConfig], tuple[Acts, Any, Acts, Acts]]
+    # Forward-pass equivalents per prompt of score_batch (a backward with frozen weights counts
+    # two forwards).
     passes: Callable[[AttributionConfig], float]
-    gradient_passes: Callable[[AttributionConfig], float]
     # The peak memory per prompt of score_batch over that of one forward and backward with
     # every node's activation kept (what attribution/plan.py's estimate_attribution counts).
     memory_factor: float

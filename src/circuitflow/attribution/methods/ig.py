@@ -3,8 +3,8 @@ Hanna et al. 2024): every node moves from its clean to its corrupted value on a 
 `ig_steps` steps (midpoints); each node's gradient, taken with every node at the same point of
 its line, is averaged along the way and dotted with its (a_clean - a_corrupted). One forward and
 backward per step, after a clean forward, scores every node of every layer; the graph's edges
-take the same averaged gradient. The steps run one after another, so the peak memory is one
-step's (the gradient pass of atp)."""
+take the same averaged gradient (returned with the scores). The steps run one after another,
+so the peak memory is one step's (the gradient pass of atp)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, step
 
 
 def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_direct: bool = True):
-    """Integrated gradients along the activation path: per key, per-prompt node scores [b, n];
-    one forward and backward per step for every node of every layer. `final`: the clean final
-    residual; `exact_direct`: each node's direct part computed exactly (direct.py)."""
+    """Integrated gradients along the activation path: (per key, per-prompt node scores [b, n];
+    per key, dm/da averaged along the path), one forward and backward per step for every node
+    of every layer. `final`: the clean final residual; `exact_direct`: each node's direct part
+    computed exactly (direct.py)."""
     grads = path_gradients(sp, batch, list(clean), clean, corr, steps)
     g_final = grads.pop(FINAL)
     group_of = sp.group_of
@@ -60,7 +61,7 @@ def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_di
     }
     if exact_direct:
         out = direct.with_exact_direct(sp, batch, out, clean, corr, final, g_final)
-    return out
+    return out, grads
 
 
 def clean_forward(sp: Spliced, batch: Batch):
@@ -76,28 +77,19 @@ def score_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], cfg):
     """Method.score_batch: a clean forward, then ig_batch with `cfg.ig_steps` steps, direct
     effects exact."""
     clean, metric, final = clean_forward(sp, batch)
-    return ig_batch(sp, batch, clean, corr, final, cfg.ig_steps), metric, clean
-
-
-def edge_gradients(sp: Spliced, batch: Batch, keys: list[str], corr: dict, cfg):
-    """Method.edge_gradients: a clean forward, then the gradients averaged along the path."""
-    clean, metric, _ = clean_forward(sp, batch)
-    grads = path_gradients(sp, batch, keys, clean, corr, cfg.ig_steps)
-    grads.pop(FINAL)
-    return grads, clean, metric
+    scores, grads = ig_batch(sp, batch, clean, corr, final, cfg.ig_steps)
+    return scores, metric, clean, grads
 
 
 def passes(cfg) -> float:
-    """A clean forward, then one forward and backward per step; the same for the edges."""
+    """A clean forward, then one forward and backward per step."""
     return 1.0 + 3.0 * cfg.ig_steps
 
 
 METHOD = Method(
     name="ig",
     score_batch=score_batch,
-    edge_gradients=edge_gradients,
     passes=passes,
-    gradient_passes=passes,
     memory_factor=1.0,
     description="integrated gradients along the activation path, in ig_steps steps",
 )
