@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-prompt attribution graphs on transcoders (rule prompt_graphs, sae.kind transcoder): for
+"""Per-prompt attribution graphs on transcoders (rule prompt_graphs): for
 the first attribution.prompt_graphs prompts of a behaviour, the exact replacement graph, pruned
 by influence, written as circuit-tracer graph files with graph-metadata.json and summary.json
 in --out-dir (attribution/{behaviour}/prompt_graphs), and drawn on one page (--page).

@@ -23,6 +23,9 @@ def run() -> None:
     p = sub.add_parser("behaviour", help="attribution and interventions tables of a behaviour")
     cli.add_inputs(p, "behaviour", "attribution-dir")
     p.add_argument("--interventions-dir", required=True, help="interventions/{behaviour}")
+    p.add_argument(
+        "--prompt-graphs", default=None, help="attribution/{behaviour}/prompt_graphs (transcoders)"
+    )
     p.add_argument("--top", type=int, default=15, help="rows per table")
     cli.add_outputs(p, "html")
     p.add_argument("--out-graph", help="the attribution graph page with steering results")
@@ -46,7 +49,9 @@ def run() -> None:
     elif a.command == "baseline":
         stage.baseline(a.json, a.out_csv, a.out_html)
     elif a.command == "behaviour":
-        stage.behaviour(a.behaviour, a.attribution_dir, a.interventions_dir, a.out_html, a.top)
+        stage.behaviour(
+            a.behaviour, a.attribution_dir, a.interventions_dir, a.out_html, a.top, a.prompt_graphs
+        )
         if a.out_graph:
             stage.graph_page(a.behaviour, a.attribution_dir, a.interventions_dir, a.out_graph)
     elif a.command == "provenance":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The replacement model's loss (rule transcoder_replacement, sae.kind transcoder): the model
+"""The replacement model's loss (rule transcoder_replacement): the model
 with every MLP replaced by its transcoder at once, on the held-out contexts of the train_sae
 jobs (or the streamed ones' held-out token-set contexts); writes saes/replacement.json.
 

@@ -57,6 +57,7 @@ SUMMARY_KEYS = {
     "completeness_heldout", "faithfulness_auc", "faithfulness_auc_selection",
     "faithfulness_curve_heldout", "completeness_curve_heldout", "n_prompts_selection",
     "n_prompts_heldout", "random_faithfulness_heldout", "random_completeness_heldout",
+    "component_circuit",
 }  # fmt: skip
 
 
@@ -71,6 +72,11 @@ def check_outputs(d, n_layers: int, n_heads: int, with_features: bool = True) ->
     circuits = pd.read_parquet(d / "circuits.parquet")
     assert CIRCUIT_COLUMNS <= set(circuits.columns)
     assert {"top", "random"} <= set(circuits["circuit"]) <= {"top", "random", "graph"}
+    components = pd.read_parquet(d / "component_circuits.parquet")
+    assert CIRCUIT_COLUMNS <= set(components.columns)
+    assert set(components["circuit"]) <= {"top", "random", "graph"}
+    kinds = {n.split(".")[0] for nodes in components["nodes"] for n in nodes}
+    assert kinds <= {"embedding", "head", "mlp"}, kinds
     sets = pd.read_parquet(d / "head_sets.parquet")
     assert SET_COLUMNS <= set(sets.columns)
     assert set(sets["set"]) == {"top_k", "random"} and set(sets["size"]) == {2, 3}

@@ -428,6 +428,23 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     small = iv_stage.intervene(model, prompts, adir, saes, None, only, "b", tmp_path / "c", 0)
     assert small["n_nodes"] == 1 + N_LAYERS * (N_HEADS + 1)
     assert small["circuit_size"] == 2 and small["circuit_size_source"] == "config"
+
+    # The component circuit beside the feature circuit: what a components-only run finds as
+    # its smallest faithful circuit, with the same numbers; the report leads with both.
+    alone = InterventionsConfig(**(asdict(cfg) | {"circuit_nodes": "components"}))
+    comps = iv_stage.intervene(model, prompts, adir, saes, None, alone, "b", tmp_path / "a", 0)
+    beside = summary["component_circuit"]
+    assert beside["candidates"] == comps["n_nodes"] == 1 + N_LAYERS * (N_HEADS + 1)
+    assert beside["size"] == comps["smallest_faithful_size"] is not None
+    assert beside["nodes"] == comps["smallest_faithful_circuit"]
+    for key in ("faithfulness", "faithfulness_heldout", "completeness_heldout",
+                "random_faithfulness_heldout"):  # fmt: skip
+        assert beside[key] == pytest.approx(comps[key]), key
+    assert comps["component_circuit"]["faithfulness_heldout"] == comps["faithfulness_heldout"]
+    lead = behaviour_sections(adir, out)[0]
+    assert lead[0].startswith("Circuits, held out beside selection")
+    assert f"{beside['faithfulness_heldout']:.3f}" in lead[1]
+    assert f"{summary['faithfulness_heldout']:.3f}" in lead[1]
     sets = pd.read_parquet(out / "head_sets.parquet")
     assert (sets[sets["set"] == "top_k"]["size"].value_counts().sort_index() == [3, 1]).all()
 
@@ -604,7 +621,11 @@ def test_script_reports_no_faithful_circuit(tiny_hf_model_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert max(summary["faithfulness_curve"].values()) < 3.0  # the case: no size is faithful
     assert summary["circuit_size"] is None and summary["faithfulness"] is None
-    assert "b: no circuit size reaches faithfulness 3.0 on the selection half" in done.stdout
+    assert summary["component_circuit"]["size"] is None
+    assert (
+        "b: no component circuit is faithful; no circuit size reaches faithfulness 3.0 on the "
+        "selection half" in done.stdout
+    )
     report = tmp_path / "report"
     script("report.py", "behaviour", "--behaviour", "b", "--attribution-dir", adir,
            "--interventions-dir", out, "--out-html", report / "tables.html",

@@ -187,6 +187,31 @@ def test_a_group_of_transcoders_reads_each_mlps_input_and_output(tmp_path):
     assert stream["members"] == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
 
 
+def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path):
+    """sae.kind both: a layer's residual SAE and its transcoder from one stream are, bit for
+    bit, what a one-member job of each kind gives (the SAE reads its hook, the transcoder its
+    MLP's input and output), and each one's metrics name its own kind."""
+    model = tiny_model()
+    toks, meta = token_set()
+    small = {**CFG, "total_tokens": 8_192}
+    members = [("resid_post", 1), ("mlp_out", 1)]
+    outs = [tmp_path / "sae", tmp_path / "transcoder"]
+    found = train_stream_group(toks, meta, members, outs,
+                               SAETrainConfig.from_dict({**small, "kind": "both"}),
+                               CaptureConfig(), model, tmp_path / "ck")  # fmt: skip
+    for (site, layer), out, kind in zip(members, outs, ("sae", "transcoder"), strict=True):
+        alone = tmp_path / f"alone_{kind}"
+        train_stream_group(toks, meta, [(site, layer)], [alone],
+                           SAETrainConfig.from_dict({**small, "kind": kind}), CaptureConfig(),
+                           model, tmp_path / f"ck_{kind}")  # fmt: skip
+        a = load_file(alone / "sae_weights.safetensors")
+        b = load_file(out / "sae_weights.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), kind
+        assert found[hook_name(site, layer)]["kind"] == kind
+    assert isinstance(load_sae(outs[1]), TopKTranscoder)
+    assert not isinstance(load_sae(outs[0]), TopKTranscoder)
+
+
 RUNNER = f"""
 import sys, json, torch
 import numpy as np

@@ -1,7 +1,10 @@
-"""sae.kind transcoder through the real DAG (.test/config/transcoder.yaml, the embedded model):
-capture writes each layer's MLP input and output from one pass, train_sae trains a transcoder
-per layer, transcoder_replacement replaces every MLP at once, prompt_graphs draws per-prompt
-graphs, and the run stops before attribution and interventions, which splice SAEs."""
+"""Residual SAEs and transcoders in one run (sae.kind both) through the real DAG
+(.test/config/transcoder.yaml, the embedded model): capture writes each layer's residual stream
+and MLP input and output from one pass, train_sae trains an SAE and a transcoder per layer,
+transcoder_replacement replaces every MLP at once, prompt_graphs draws per-prompt graphs on the
+transcoders, attribution and interventions run on the SAEs, and the behaviour's report page
+leads with the per-prompt graphs and the component circuit. A run of transcoders alone (sae.kind
+transcoder) stops before attribution and interventions, which splice SAEs."""
 
 from __future__ import annotations
 
@@ -21,13 +24,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The dictionaries and their report page (the baseline, provenance and cost pages are the
-    default run's, checked there: suite time)."""
+    """The dictionaries, their report page and the behaviour's (the baseline, provenance and
+    cost pages are the default run's, checked there: suite time)."""
     workdir = tmp_path_factory.mktemp("transcoder-run")
     results = workdir / "results"
     targets = [results / "saes" / "replacement.json", results / "report" / "sae_metrics.csv",
                results / "attribution" / "induction" / "prompt_graphs",
-               results / "attribution" / "induction" / "prompt_graphs.html"]  # fmt: skip
+               results / "attribution" / "induction" / "prompt_graphs.html",
+               results / "report" / "induction" / "tables.html"]  # fmt: skip
     done = run_snakemake(load_test_config("transcoder"), workdir, *map(str, targets))
     return results, done
 
@@ -37,11 +41,23 @@ def dry_run_jobs(config: dict, workdir) -> set[str]:
     return {line.split()[0] for line in done.stdout.splitlines() if line[:1].isalpha()}
 
 
-def test_the_whole_run_stops_after_the_prompt_graphs(tmp_path):
-    """Attribution and interventions splice SAEs: `all` of a transcoder run has none of their
-    jobs, draws the per-prompt graphs, and still ends with the report's job costs. Streamed
-    (sae.source stream), the transcoders train in the stream jobs and nothing is captured."""
-    config = load_test_config("transcoder")
+def test_the_whole_run_of_transcoders_alone_stops_after_the_prompt_graphs(tmp_path):
+    """Attribution and interventions splice SAEs: `all` of a run of transcoders alone has none
+    of their jobs, draws the per-prompt graphs, and still ends with the report's job costs.
+    Streamed (sae.source stream), the transcoders train in the stream jobs and nothing is
+    captured. Beside SAEs (sae.kind both), one stream job per layer trains both."""
+    both = load_test_config("transcoder")
+    jobs = dry_run_jobs(both, tmp_path / "both")
+    assert {"capture", "train_sae", "transcoder_replacement", "prompt_graphs", "attribution",
+            "interventions", "report_behaviour", "job_costs"} <= jobs  # fmt: skip
+    both["sae"]["source"] = "stream"
+    jobs = dry_run_jobs(both | {"sae": both["sae"] | {"stream": {"layers_per_job": 2}}},
+                        tmp_path / "both-stream")  # fmt: skip
+    stream_jobs = {"train_sae_stream_resid_post_layer_0_to_mlp_out_layer_0",
+                   "train_sae_stream_resid_post_layer_1_to_mlp_out_layer_1"}  # fmt: skip
+    assert stream_jobs | {"attribution", "prompt_graphs"} <= jobs, jobs
+    config = load_test_config("transcoder") | {"sites": ["mlp_out"]}
+    config["sae"] = config["sae"] | {"kind": "transcoder"}
     jobs = dry_run_jobs(config, tmp_path / "capture")
     assert {"capture", "train_sae", "transcoder_replacement", "sae_summary", "job_costs",
             "prompt_graphs"} <= jobs  # fmt: skip
@@ -65,8 +81,15 @@ def test_one_capture_feeds_a_transcoder_per_layer(run):
         assert tc.cfg.metadata.hook_name_out == f"blocks.{layer}.hook_mlp_out"
         m = read_json(results / "saes" / "mlp_out" / f"layer_{layer}" / "metrics.json")
         assert m["kind"] == "transcoder" and m["explained_variance"] > 0.8, m
+        # Beside it, from the same capture, the layer's residual SAE (an SAE, not a transcoder).
+        sae = load_sae(results / "saes" / "resid_post" / f"layer_{layer}")
+        assert not isinstance(sae, TopKTranscoder)
+        assert sae.cfg.metadata.hook_name == f"blocks.{layer}.hook_resid_post"
+        m = read_json(results / "saes" / "resid_post" / f"layer_{layer}" / "metrics.json")
+        assert m["kind"] == "sae" and m["explained_variance"] > 0.8, m
     table = pd.read_csv(results / "report" / "sae_metrics.csv")
-    assert list(table.site) == ["mlp_out"] * 2 and list(table.kind) == ["transcoder"] * 2
+    kinds = dict(zip(table.site, table.kind, strict=True))
+    assert len(table) == 4 and kinds == {"resid_post": "sae", "mlp_out": "transcoder"}, table
 
 
 def test_replacement_loss_is_the_model_with_every_mlp_swapped_out(run):
@@ -169,6 +192,38 @@ def test_prompt_graph_page_in_chromium(run, tmp_path):
     assert out["n_prompts"] == len(tokens) == 2
     last = sorted(out["last_prompt"]["labels"], key=lambda t: t["pos"])
     assert [t["text"] for t in last] == tokens[-1]
+
+
+def test_the_behaviour_page_leads_with_the_prompt_graphs_and_the_component_circuit(run):
+    """report/{behaviour}/tables.html of a run of both kinds: first the per-prompt graphs (one
+    row per graph, its numbers those of prompt_graphs/summary.json), then the component circuit
+    beside the SAE feature circuit, held out beside selection (interventions/summary.json);
+    attribution splices the SAEs alone (no transcoder feature among its nodes)."""
+    import html
+
+    results, _ = run
+    page = html.unescape((results / "report" / "induction" / "tables.html").read_text())
+    heads = [
+        page.index(h)
+        for h in (
+            "Per-prompt graphs on the transcoders",
+            "Circuits, held out beside selection",
+            "Flags on these",
+        )
+    ]
+    assert heads == sorted(heads), heads
+    graphs = read_json(results / "attribution" / "induction" / "prompt_graphs" / "summary.json")
+    section = page[heads[0] : heads[1]]
+    for g in graphs["graphs"]:
+        assert f"{g['replacement_score']:.3f}" in section and f"{g['kept_features']} /" in section
+    summary = read_json(results / "interventions" / "induction" / "summary.json")
+    comp = summary["component_circuit"]
+    section = page[heads[1] : heads[2]]
+    assert comp["size"] is not None and f"{comp['faithfulness_heldout']:.3f}" in section
+    assert set(comp["by_kind"]) <= {"embedding", "head", "mlp"}
+    assert f"{summary['faithfulness_heldout']:.3f}" in section
+    features = pd.read_parquet(results / "attribution" / "induction" / "features.parquet")
+    assert set(features.site) == {"resid_post"}
 
 
 def test_prompt_graph_page_is_in_the_snakemake_report(run):

@@ -8,10 +8,10 @@ rule attribution:
         model=f"{OUT}/model/model.json",
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
-        saes=sae_outputs(),
+        saes=spliced_sae_outputs(),
         # Paired with the SAEs by the hook name each file records (sae.source: capture);
         # else the features' top contexts come from the model run over the token set.
-        acts=capture_outputs(),
+        acts=capture_outputs(SAE_SITES),
         tokens=TOKEN_SET if SAE_SOURCE != "capture" else [],
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
@@ -66,14 +66,14 @@ rule attribution:
         " --activations {input.acts} {params.tokens} --out-dir {params.out_dir} 2> {log}"
 
 
-# sae.kind transcoder: per prompt, the exact attribution graph of the local replacement model
+# Transcoders (sae.kind transcoder or both): per prompt, the exact attribution graph of the local replacement model
 # (circuit-tracer's), pruned by influence, as circuit-tracer graph files.
 # Code: src/circuitflow/attribution/prompt_graphs/.
 rule prompt_graphs:
     input:
         model=f"{OUT}/model/model.json",
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
-        transcoders=sae_outputs(),
+        transcoders=transcoder_outputs(),
         tokens=TOKEN_SET,  # the features' top-activating contexts
     output:
         graphs=directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),

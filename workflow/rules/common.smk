@@ -46,9 +46,13 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 BEHAVIOURS = sorted(config["behaviours"])
 LAYERS = config["layers"]
 SITES = config["sites"]
-# What capture writes: SITES, and for transcoders (sae.kind transcoder) their input, mlp_in.
+# Dictionaries: SAEs at SAE_SITES (attribution and interventions splice them) and, with
+# sae.kind transcoder or both, a transcoder per layer saved at mlp_out (the per-prompt graphs').
+TRANSCODERS = cf_config.trains_transcoders(config)
+SAE_SITES = cf_config.sae_sites(config)
+DICTIONARY_SITES = cf_config.dictionary_sites(config)
+# What capture writes: every dictionary's site, and for transcoders their input, mlp_in.
 CAPTURE_SITES = cf_config.capture_sites(config)
-TRANSCODERS = config["sae"]["kind"] == "transcoder"
 
 
 wildcard_constraints:
@@ -142,12 +146,13 @@ SAE_SOURCE = config["sae"]["source"]
 TOKEN_SET = [f"{OUT}/activations/tokens.npy", f"{OUT}/activations/tokens.json"]
 
 
-def capture_outputs():
+def capture_outputs(sites=None):
+    """The activation files capture writes (at `sites`: those of the given sites only)."""
     if SAE_SOURCE != "capture":
         return []
     return expand(
         f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
-        site=CAPTURE_SITES,
+        site=CAPTURE_SITES if sites is None else sites,
         layer=LAYERS,
     )
 
@@ -155,16 +160,43 @@ def capture_outputs():
 def dictionary_activations(wildcards):
     """The activation files a train_sae job reads: its site's, or for a transcoder the MLP's
     input and output at its layer."""
-    sites = ["mlp_in", "mlp_out"] if TRANSCODERS else [wildcards.site]
+    transcoder = cf_config.dictionary_kind(config, wildcards.site) == "transcoder"
+    sites = ["mlp_in", "mlp_out"] if transcoder else [wildcards.site]
     return [f"{OUT}/activations/{site}/layer_{wildcards.layer}.h5" for site in sites]
 
 
+def sae_job_config_json(wildcards):
+    """What a train_sae job reads: the seed, device, model and SAE sections, sae.kind the kind
+    of its own dictionary (with sae.kind both, an SAE or a transcoder by its site), so a job
+    is the one a run of that kind alone would run."""
+    cfg = cf_config.section(config, "seed", "device", "model", "sae")
+    cfg["sae"] = cfg["sae"] | {
+        "kind": cf_config.dictionary_kind(config, wildcards.site)
+    }
+    return json_param(cfg)(wildcards)
+
+
 def sae_outputs():
-    return expand(f"{OUT}/saes/{{site}}/layer_{{layer}}", site=SITES, layer=LAYERS)
+    """Every dictionary: the SAEs and any transcoders."""
+    return expand(
+        f"{OUT}/saes/{{site}}/layer_{{layer}}", site=DICTIONARY_SITES, layer=LAYERS
+    )
+
+
+def spliced_sae_outputs():
+    """The SAEs attribution and interventions splice (no transcoder)."""
+    return expand(f"{OUT}/saes/{{site}}/layer_{{layer}}", site=SAE_SITES, layer=LAYERS)
+
+
+def transcoder_outputs():
+    """The transcoders (sae.kind transcoder or both), one per layer."""
+    if not TRANSCODERS:
+        return []
+    return expand(f"{OUT}/saes/mlp_out/layer_{{layer}}", layer=LAYERS)
 
 
 def replacement_outputs():
-    """sae.kind transcoder: the loss with every MLP replaced by its transcoder at once."""
+    """Transcoders: the loss with every MLP replaced by its transcoder at once."""
     return [f"{OUT}/saes/replacement.json"] if TRANSCODERS else []
 
 
@@ -219,7 +251,7 @@ ATTR = f"{OUT}/attribution"
 
 
 def prompt_graph_outputs():
-    """sae.kind transcoder: per-prompt replacement graphs (attribution.prompt_graphs > 0)."""
+    """Transcoders: per-prompt replacement graphs (attribution.prompt_graphs > 0)."""
     if not TRANSCODERS or not config["attribution"]["prompt_graphs"]:
         return []
     return expand(
@@ -229,13 +261,22 @@ def prompt_graph_outputs():
     )
 
 
+def behaviour_prompt_graphs(wildcards):
+    """The behaviour's per-prompt graphs where transcoders draw them (report_behaviour's page
+    leads with them), else none."""
+    return [
+        p for p in prompt_graph_outputs() if Path(p).parent.name == wildcards.behaviour
+    ][:1]
+
+
 def attribution_outputs():
-    """Attribution and interventions splice SAEs: a run of transcoders (sae.kind transcoder)
-    trains, measures and reports its dictionaries, draws its per-prompt graphs and stops there.
+    """Attribution and interventions splice SAEs: a run of transcoders alone (sae.kind
+    transcoder) trains, measures and reports its dictionaries, draws its per-prompt graphs and
+    stops there; with sae.kind both, the per-prompt graphs come beside the attribution.
     """
-    if TRANSCODERS:
+    if not SAE_SITES:
         return prompt_graph_outputs()
-    return expand(
+    return prompt_graph_outputs() + expand(
         f"{ATTR}/{{behaviour}}/{{name}}",
         behaviour=BEHAVIOURS,
         name=["heads.parquet", "features.parquet", "graph.json"],
@@ -255,7 +296,7 @@ IV = f"{OUT}/interventions"
 
 def interventions_outputs():
     """Per behaviour the summary (its main output) and the table across behaviours."""
-    if TRANSCODERS:
+    if not SAE_SITES:
         return []
     return expand(f"{IV}/{{behaviour}}/summary.json", behaviour=BEHAVIOURS) + [
         f"{IV}/heads_across_behaviours.parquet"

@@ -11,9 +11,10 @@ rule interventions:
         components=f"{ATTR}/{{behaviour}}/components.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",
         graph=f"{ATTR}/{{behaviour}}/graph.json",
-        saes=sae_outputs(),
+        saes=spliced_sae_outputs(),
     output:
         circuits=f"{IV}/{{behaviour}}/circuits.parquet",
+        component_circuits=f"{IV}/{{behaviour}}/component_circuits.parquet",
         heads=f"{IV}/{{behaviour}}/heads.parquet",
         head_sets=f"{IV}/{{behaviour}}/head_sets.parquet",
         features=f"{IV}/{{behaviour}}/features.parquet",

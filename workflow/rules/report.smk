@@ -81,6 +81,8 @@ rule report_behaviour:
         contexts=f"{ATTR}/{{behaviour}}/feature_contexts.parquet",
         interventions=f"{IV}/{{behaviour}}/summary.json",
         steering=f"{IV}/{{behaviour}}/steering.parquet",
+        # With transcoders beside the SAEs (sae.kind both), the page leads with these.
+        prompt_graphs=behaviour_prompt_graphs,
     output:
         tables=report(
             f"{REPORT}/{{behaviour}}/tables.html",
@@ -111,10 +113,13 @@ rule report_behaviour:
     params:
         attr_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
         iv_dir=lambda wc: f"{IV}/{wc.behaviour}",
+        prompt_graphs=lambda wc, input: (
+            f"--prompt-graphs {input.prompt_graphs}" if input.prompt_graphs else ""
+        ),
     shell:
         stage("report") + " behaviour --behaviour {wildcards.behaviour}"
         " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
-        " --out-html {output.tables} --out-graph {output.graph} 2> {log}"
+        " {params.prompt_graphs} --out-html {output.tables} --out-graph {output.graph} 2> {log}"
 
 
 rule report_provenance:
@@ -205,7 +210,7 @@ rule job_costs:
             f"{REPORT}/gpu_hours.html",
             *(
                 []
-                if TRANSCODERS
+                if not SAE_SITES
                 else expand(
                     f"{REPORT}/{{behaviour}}/tables.html", behaviour=BEHAVIOURS
                 )

@@ -25,7 +25,7 @@ if SAE_SOURCE == "capture":
         resources:
             **job_resources("train_sae"),
         params:
-            cfg=config_json("seed", "device", "model", "sae"),
+            cfg=sae_job_config_json,
             # Outside the output: Snakemake deletes a directory() output before a retry.
             ckpt=lambda wc: f"{OUT}/checkpoints/saes/{wc.site}/layer_{wc.layer}",
         shell:
@@ -40,7 +40,7 @@ if TRANSCODERS:
     # held-out contexts (an activation file's last ones, or the token set's when streamed).
     rule transcoder_replacement:
         input:
-            saes=sae_outputs(),
+            saes=transcoder_outputs(),
             held_out=(
                 TOKEN_SET
                 if SAE_SOURCE == "stream"

@@ -238,6 +238,24 @@ def refine_smallest(
     ).reset_index(drop=True)
 
 
+def controls_at_smallest(
+    runs: Runs,
+    ranked: list[Node],
+    curves: pd.DataFrame,
+    cfg: InterventionsConfig,
+    base_seed: int,
+    selection: np.ndarray,
+) -> pd.DataFrame:
+    """`curves` with the random control at the smallest faithful size, where it has none: a
+    search whose grid ran without controls (the component circuit) reports only that one."""
+    n = smallest_faithful(curves, cfg.faithfulness_threshold)
+    have = curves[(curves["circuit"] == "random") & (curves["n"] == n)]
+    if n is None or len(have) or not 0 < n < len(ranked):
+        return curves
+    found = circuit_curves(runs, ranked, [n], cfg, base_seed, selection)
+    return pd.concat([curves, found[found["circuit"] == "random"]], ignore_index=True)
+
+
 CIRCUIT_NODE_TEXT = {
     "features": "token embedding, heads, MLPs, the SAE features that fire on the prompts and each "
     "SAE's error term",
@@ -248,6 +266,33 @@ CIRCUIT_NODE_TEXT = {
 
 def count_kinds(nodes: list[Node]) -> dict[str, int]:
     return dict(Counter(node.kind for node in nodes))
+
+
+def component_summary(curves: pd.DataFrame, ranked: list[Node], threshold: float) -> dict:
+    """summary.json's `component_circuit`: the smallest circuit of components (embedding, heads,
+    MLPs) faithful on the selection half, from `curves` over the components alone, with its
+    faithfulness and completeness on both halves and the random control held out. Components
+    are shared by every prompt, so what such a circuit claims can generalise where a circuit of
+    token-specific features overfits its selection prompts."""
+    size = smallest_faithful(curves, threshold)
+    out: dict[str, Any] = {
+        "candidates": len(ranked),
+        "size": size,
+        "nodes": None if size is None else [node.id for node in ranked[:size]],
+        "by_kind": None if size is None else count_kinds(ranked[:size]),
+        "faithfulness_auc_heldout": faithfulness_auc(curves, len(ranked), "faithfulness_heldout"),
+    }
+    top = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
+    for half in ("", "_heldout"):
+        for metric in METRICS:
+            for std in ("", "_std"):
+                column = f"{metric}{half}{std}"
+                out[column] = None if size is None else float(top.loc[size, column])
+    band = random_band(curves, "faithfulness_heldout")
+    out["random_faithfulness_heldout"] = (
+        float(band.loc[size, "mean"]) if size is not None and size in band.index else None
+    )
+    return out
 
 
 def graph_summary(curves: pd.DataFrame) -> dict[str, Any] | None:

@@ -26,20 +26,32 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
     pass of every prompt. Zero and mean ablations serve every seed from one run; resample
     ablation runs each seed. The circuit candidates are bounded by every component, every SAE
     feature and error term (the stage takes the features that fire), so the grid of circuit
-    sizes and the bisection are bounds too. `icfg` is an InterventionsConfig."""
+    sizes and the bisection are bounds too; with features as candidates, the component
+    circuit's search over the components alone is charged too. `icfg` is an
+    InterventionsConfig."""
     layers, heads = model_cfg.n_layers, model_cfg.n_heads
     seeds = icfg.n_seeds if icfg.ablation == "resample" else 1
-    candidates = 1 + layers * heads + layers + n_saes * (d_sae + 1)
-    if icfg.circuit_sizes is not None:
-        grid = len(set(icfg.circuit_sizes)) + 1
-    else:
-        grid = candidates + 1 if candidates <= 64 else 24 + 3
-    bisection = math.ceil(math.log2(max(candidates, 2)))
     random = icfg.n_random_circuits
+    components = 1 + layers * heads + layers
+
+    def search(candidates: int) -> tuple[int, int]:
+        """(grid sizes, bisection steps) of a circuit search over `candidates` nodes."""
+        if icfg.circuit_sizes is not None:
+            grid = len(set(icfg.circuit_sizes)) + 1
+        else:
+            grid = candidates + 1 if candidates <= 64 else 24 + 3
+        return grid, math.ceil(math.log2(max(candidates, 2)))
+
+    grid, bisection = search(components + n_saes * (d_sae + 1))
     # The clean run, the mean reference, each SAE's features on the clean prompts; per size the
     # circuit and its complement (seed-averaged) and every random draw's pair; the graph's pair;
     # the bisection's pairs and the random draws at the size it finds; everything ablated.
     circuits = 2.0 + n_saes + seeds * (2 * grid + 2 + 2 * bisection + 1) + 2 * random * (grid + 1)
+    if n_saes and icfg.circuit_nodes == "features":
+        # The component circuit beside it: the same search over the components alone, its
+        # random controls at the size it finds only.
+        grid, bisection = search(components)
+        circuits += seeds * (2 * grid + 2 * bisection + 1) + 2 * random
     sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
                for k in range(2, icfg.max_set_size + 1))  # fmt: skip
     parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}

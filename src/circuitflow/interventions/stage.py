@@ -18,6 +18,11 @@ prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `res
   Control: at each n, random circuits of n nodes (`n_random_circuits` draws). The smallest
   faithful n is found on the grid of sizes and then by bisection between the last unfaithful
   and the first faithful grid size. The attribution graph's own node set is scored as well.
+  Beside a circuit of features, the same search over the components alone gives the component
+  circuit (component_circuits.parquet, summary.json's `component_circuit`): components are
+  shared by every prompt, while residual features are token-specific and a circuit of them can
+  overfit its selection prompts, so the report leads with the component circuit's held-out
+  faithfulness.
 * Heads. Every head alone; every pair and triplet (up to `max_set_size`) among the top-k heads by
   attribution, with the additive prediction (sum of single effects) and the interaction, and
   random head sets of each size as the control. Inert heads (score exactly 0, such as the
@@ -120,6 +125,8 @@ class Circuits:
     smallest: int | None  # the smallest faithful size (selection half)
     features_as_nodes: bool
     selection: Any  # mask over prompts: the selection half
+    component_curves: pd.DataFrame  # the curves over the components alone
+    component_ranked: list  # the components by |attribution score| on the selection half
 
 
 def circuits(
@@ -133,7 +140,8 @@ def circuits(
 ) -> Circuits:
     """Candidates ranked by attribution on the selection half, the curves over circuit sizes,
     the smallest faithful size on the selection half (grid, then bisection) and the attribution
-    graph's own node set as a circuit."""
+    graph's own node set as a circuit; beside a circuit of features, the same over the
+    components alone (the component circuit)."""
     active = None
     if attr.components is not None and len(attr.components):
         if cfg.circuit_nodes == "features" and saes:
@@ -148,7 +156,17 @@ def circuits(
     smallest = circ.smallest_faithful(curves, cfg.faithfulness_threshold)
     size = cfg.circuit_size if cfg.circuit_size is not None else smallest
     size = min(size, len(ranked)) if size is not None else None
-    return Circuits(curves, ranked, size, smallest, bool(active), selection)
+    comp_ranked, comp_curves = ranked, curves
+    if active:  # features are candidates: the component circuit is a second search
+        comp_ranked = circ.ranked_nodes(attr.components)
+        sizes = circ.circuit_sizes(len(comp_ranked), cfg, [])
+        comp_curves = circ.circuit_curves(runs, comp_ranked, sizes, cfg, base_seed, selection)
+        comp_curves = circ.refine_smallest(
+            runs, comp_ranked, comp_curves, cfg, base_seed, selection
+        )
+    return Circuits(
+        curves, ranked, size, smallest, bool(active), selection, comp_curves.copy(), comp_ranked
+    )
 
 
 def _scored_heads(attr: AttributionResults, singles: pd.DataFrame) -> pd.DataFrame:
@@ -268,6 +286,9 @@ def summarise(
         else circ.count_kinds(ranked[:smallest]),
         "random_faithfulness_at_smallest": band("faithfulness", smallest),
         "graph_circuit": circ.graph_summary(curves),
+        "component_circuit": circ.component_summary(
+            c.component_curves, c.component_ranked, cfg.faithfulness_threshold
+        ),
         # By ablation effect; heads whose ablation changes nothing at all are left out.
         "top_heads": singles[singles["score"] != 0]
         .head(5)[["layer", "head", "score", "drop_frac"]]
@@ -291,8 +312,9 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 
 def headline(behaviour: str, s: dict[str, Any]) -> str:
-    """The script's one line about a summary: the circuit's faithfulness and completeness (or
-    that no size is faithful), the top head drops and how many flags summary.json raises."""
+    """The script's one line about a summary: the component circuit's faithfulness, the
+    circuit's faithfulness and completeness (or that no size is faithful), the top head drops
+    and how many flags summary.json raises."""
     heads = ", ".join(
         f"L{h['layer']}H{h['head']} {_fmt(h['drop_frac'], '.0%')}" for h in s["top_heads"][:3]
     )
@@ -307,9 +329,17 @@ def headline(behaviour: str, s: dict[str, Any]) -> str:
             f"{_fmt(s['faithfulness_heldout'])}), completeness {_fmt(s['completeness'])} at "
             f"n={s['circuit_size']}; smallest faithful n={s['smallest_faithful_size']}"
         )
+    comp = s.get("component_circuit") or {}
+    if comp.get("size") is None:
+        components = "no component circuit is faithful"
+    else:
+        components = (
+            f"component circuit n={comp['size']} faithfulness "
+            f"{_fmt(comp['faithfulness'])} (held out {_fmt(comp['faithfulness_heldout'])})"
+        )
     n_flags = len(s.get("flags") or [])
     flagged = f"; {n_flags} flags in summary.json" if n_flags else ""
-    return f"{behaviour}: {circuit}; top head drops {heads or 'none'}{flagged}"
+    return f"{behaviour}: {components}; {circuit}; top head drops {heads or 'none'}{flagged}"
 
 
 def intervene(
@@ -324,9 +354,10 @@ def intervene(
     base_seed: int = 0,
     bypass_bos: bool = False,
 ) -> dict[str, Any]:
-    """Write circuits.parquet, heads.parquet, head_sets.parquet, features.parquet,
-    steering.parquet, the figures and summary.json (last) into `out_dir`. `bypass_bos`: the
-    SAEs were trained without BOS, so they are bypassed there (as in attribution)."""
+    """Write circuits.parquet, component_circuits.parquet, heads.parquet, head_sets.parquet,
+    features.parquet, steering.parquet, the figures and summary.json (last) into `out_dir`.
+    `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there (as in
+    attribution)."""
     t0 = time.perf_counter()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -369,6 +400,7 @@ def intervene(
 
     tables = {
         "circuits": c.curves,
+        "component_circuits": c.component_curves,
         "heads": singles,
         "head_sets": sets,
         "features": ablated,

@@ -198,12 +198,29 @@ def prompt_length(config: dict, model_cfg) -> int:
 
 
 def n_hooks(config: dict) -> int:
-    """Hook points a job trains or splices dictionaries at: every configured layer at every site."""
-    return len(config["layers"]) * len(config["sites"])
+    """Hook points attribution and interventions splice SAEs at: every configured layer at
+    every SAE site (config.sae_sites; none in a run of transcoders alone)."""
+    from circuitflow.config import sae_sites
+
+    return len(config["layers"]) * len(sae_sites(config))
+
+
+def n_dictionaries(config: dict) -> int:
+    """Dictionaries the run trains or loads: every layer at every site, transcoders included."""
+    from circuitflow.config import dictionary_sites
+
+    return len(config["layers"]) * len(dictionary_sites(config))
+
+
+def n_transcoders(config: dict) -> int:
+    """Transcoders the run trains: one per layer (sae.kind transcoder or both), else none."""
+    from circuitflow.config import trains_transcoders
+
+    return len(config["layers"]) if trains_transcoders(config) else 0
 
 
 def capture_hooks(config: dict) -> int:
-    """Hook points capture writes: n_hooks, and a transcoder's input hook at each layer too."""
+    """Hook points capture writes: every dictionary's, and a transcoder's input hook too."""
     from circuitflow.config import capture_sites
 
     return len(config["layers"]) * len(capture_sites(config))

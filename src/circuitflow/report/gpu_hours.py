@@ -37,7 +37,7 @@ import pandas as pd
 
 from circuitflow import perf
 from circuitflow.errors import InputError
-from circuitflow.memory import capture_hooks
+from circuitflow.memory import capture_hooks, n_dictionaries
 from circuitflow.model import architectures
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
             f"{', '.join(architectures.ARCHITECTURES)}"
         )
     arch = architectures.config(key)
-    n_hooks = len(config["layers"]) * len(config["sites"])
+    n_hooks = n_dictionaries(config)
     rows = []
 
     cap = CaptureConfig.from_dict(config["capture"])

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from circuitflow import resources
+from circuitflow.nodes import SITES
 
 NUMERIC = ["s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load",
            "cpu_time"]  # fmt: skip
@@ -99,7 +100,7 @@ def job_costs(
         job = "/".join(rel.parts[1:]) or rule
         numbers = read_benchmark(path)
         layer = re.search(r"layer_(\d+)", job)
-        site = next((s for s in config["sites"] if job.startswith(f"{s}_")), None)
+        site = next((s for s in SITES if job.startswith(f"{s}_")), None)  # a dictionary's job
         behaviour = job if job in behaviours else None
         gpus = resources.gpus(config, rule) if gpu_seen else 0
         layer = int(layer.group(1)) if layer else None

@@ -48,8 +48,12 @@ def baseline(baseline_jsons, out_csv, out_html) -> pd.DataFrame:
     return table
 
 
-def behaviour(name: str, attribution_dir, interventions_dir, out_html, top: int = 15) -> None:
-    sections = rt.behaviour_sections(attribution_dir, interventions_dir, top)
+def behaviour(
+    name: str, attribution_dir, interventions_dir, out_html, top: int = 15, prompt_graphs=None
+) -> None:
+    """tables.html of a behaviour (report/tables.behaviour_sections); `prompt_graphs`: its
+    per-prompt graphs' directory, where transcoders drew them, which the page leads with."""
+    sections = rt.behaviour_sections(attribution_dir, interventions_dir, top, prompt_graphs)
     write_text(out_html, rt.page(f"Results of behaviour {name}", sections))
 
 

@@ -307,6 +307,68 @@ def validation_html(graph: dict) -> str:
     return note(text) + (table_html(pd.DataFrame(rows)) if rows else "")
 
 
+def prompt_graphs_table(graphs_dir: Path | str) -> pd.DataFrame:
+    """One row per per-prompt graph (attribution/{behaviour}/prompt_graphs/summary.json): the
+    prompt, the input token with the most influence on the metric, what pruning kept, the
+    graph's scores and its check on the model (the rank agreement of predicted and measured
+    feature ablations, live and with the norms frozen, and the pruned graph's faithfulness)."""
+    graphs_dir = Path(graphs_dir)
+    summary = json.loads((graphs_dir / "summary.json").read_text())
+    rows = []
+    for g in summary["graphs"]:
+        meta = json.loads((graphs_dir / f"{g['slug']}.json").read_text())["metadata"]
+        tokens = meta.get("prompt_tokens") or []
+        at = g["top_token_position"]
+        top = tokens[at] if at < len(tokens) else g["top_token"]
+        check = g.get("validation") or {}
+        rows.append(
+            {
+                "prompt": meta.get("prompt", ""),
+                "top input token (position)": f"{top!r} ({at})",
+                "kept features / nodes": f"{g['kept_features']} / {g['kept_nodes']}",
+                "replacement score": _num(g["replacement_score"]),
+                "completeness score": _num(g["completeness_score"]),
+                "ablations: spearman (norms frozen)": f"{_num(check.get('spearman'))} "
+                f"({_num(check.get('spearman_frozen_norms'))})",
+                "pruned graph's faithfulness": _num(check.get("faithfulness")),
+                "agreement": {True: "ok", False: "poor", None: "n/a"}[check.get("passed")],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def circuits_headline(summary: dict) -> pd.DataFrame:
+    """The behaviour page's lead: what generalises first. One row per circuit, the component
+    circuit (shared by every prompt), then the circuit of the configured candidates (with
+    residual features, token-specific, it can overfit its selection prompts) and the
+    attribution graph's nodes, each with its faithfulness and completeness on the selection
+    half and held out side by side, and the held-out random control."""
+    comp = summary.get("component_circuit") or {}
+    graph = summary.get("graph_circuit") or {}
+    kinds = summary.get("circuit_nodes") or ""
+    rows = [
+        ("component circuit (embedding, heads, MLPs), smallest faithful", comp.get("size"),
+         comp, comp.get("random_faithfulness_heldout")),
+        (f"circuit of {kinds}, {summary.get('circuit_size_source')}", summary.get("circuit_size"),
+         summary, summary.get("random_faithfulness_heldout")),
+        ("attribution graph's nodes as a circuit", graph.get("n"), graph, None),
+    ]  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "circuit": name,
+                "nodes": "none faithful" if size is None else size,
+                "faithfulness (selection)": _num(values.get("faithfulness")),
+                "faithfulness (held out)": _num(values.get("faithfulness_heldout")),
+                "random control (held out)": _num(control),
+                "completeness (selection)": _num(values.get("completeness")),
+                "completeness (held out)": _num(values.get("completeness_heldout")),
+            }
+            for name, size, values, control in rows
+        ]
+    )
+
+
 def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]:
     """Heads whose score is exactly 0 (inert: a pruned head, W_O = 0, or one nothing moves)
     left out of a heads table, and a note naming them."""
@@ -322,12 +384,23 @@ def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]
     )
 
 
-def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) -> list:
-    """Sections of a behaviour's page: the flags on its headline numbers, the interventions'
-    summary with controls, attribution's validation and top nodes, head ablations (single and
-    sets)."""
+def behaviour_sections(
+    attr_dir: Path | str, iv_dir: Path | str, n: int = 15, prompt_graphs: Path | str | None = None
+) -> list:
+    """Sections of a behaviour's page, what generalises first: its per-prompt graphs (with
+    transcoders: `prompt_graphs`, their directory), the component circuit beside the feature
+    circuit, held out beside selection; then the flags on its headline numbers, the
+    interventions' summary with controls, attribution's validation and top nodes, head
+    ablations (single and sets)."""
     attr_dir, iv_dir = Path(attr_dir), Path(iv_dir)
     sections = []
+    if prompt_graphs is not None:
+        sections.append(
+            ("Per-prompt graphs on the transcoders (attribution/prompt_graphs/summary.json)",
+             note("one exact attribution graph per prompt (prompt_graphs.html draws them): the "
+                  "input token the answer depends on most, and the graph checked on the model")
+             + table_html(prompt_graphs_table(prompt_graphs)))
+        )  # fmt: skip
     summary = json.loads((iv_dir / "summary.json").read_text())
     halves = (f"{summary.get('n_prompts_selection')} prompts to choose the circuit on, "
               f"{summary.get('n_prompts_heldout')} held out")  # fmt: skip
@@ -379,6 +452,13 @@ def behaviour_sections(attr_dir: Path | str, iv_dir: Path | str, n: int = 15) ->
             "flag": _flag_cells(summary, rows),
         }
     )
+    lead = note(
+        "components are shared by every prompt; residual SAE features are token-specific, so a "
+        "circuit of them can fit its selection prompts and not the held-out ones: read the "
+        "held-out column first"
+    )
+    sections.append(("Circuits, held out beside selection (interventions/summary.json)",
+                     lead + table_html(circuits_headline(summary))))  # fmt: skip
     sections.append(("Flags on these numbers (interventions/summary.json)", flags_html(summary)))
     sections.append(("Faithfulness and completeness (interventions/summary.json)",
                      table_html(table)))  # fmt: skip

@@ -40,8 +40,9 @@ class JumpReLUConfig:
     dead_window_steps: int | None = _J["dead_window_steps"]
 
 
-# Hooks each dictionary kind reads a row from: a transcoder its MLP's input and output.
-HOOKS_READ = {"sae": 1, "transcoder": 2}
+# Hooks each dictionary kind reads a row from: a transcoder its MLP's input and output; a run of
+# both kinds is planned at the larger.
+HOOKS_READ = {"sae": 1, "transcoder": 2, "both": 2}
 TRAINERS = ("auto", "fast", "saelens")  # the schema's enum of sae.trainer (a test checks)
 _S, _P = _D["stream"], _D["pretrained"]
 
@@ -69,7 +70,7 @@ class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
     device. The schema checks every value; config.check_cross_fields the combinations."""
 
-    kind: Literal["sae", "transcoder"] = _D["kind"]  # transcoder: mlp_in -> mlp_out
+    kind: Literal["sae", "transcoder", "both"] = _D["kind"]  # transcoder: mlp_in -> mlp_out
     source: Literal["capture", "stream", "pretrained"] = _D["source"]
     stream: StreamConfig = field(default_factory=StreamConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)

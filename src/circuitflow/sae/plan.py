@@ -14,7 +14,8 @@ from circuitflow.memory import (
     estimate_forward,
     load_bytes,
     model_dtype,
-    n_hooks,
+    n_dictionaries,
+    n_transcoders,
 )
 from circuitflow.model import architectures
 from circuitflow.perf import Work, forward_flops_per_token, sae_training_flops_per_token
@@ -131,7 +132,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         d_sae, t = sae_width(config, cfg.d_model), context_length(config, cfg)
         est = estimate_forward(
             cfg, n_params, t, None, 1, torch.float32, "float32", device,
-            buffers=n_hooks(config) * sae_param_bytes(cfg.d_model, d_sae),
+            buffers=n_transcoders(config) * sae_param_bytes(cfg.d_model, d_sae),
         )  # fmt: skip
         host = est.host_peak(EVAL_BATCH) + EVAL_BATCH * t * d_sae * 4 * 2
         real = config["model"]["name"] != "embedded"
@@ -160,7 +161,7 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     evaluation = 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
     if rule == "transcoder_replacement":
         width = sae_width(config, cfg.d_model)
-        dictionaries = 2 * n_hooks(config) * 4.0 * cfg.d_model * width
+        dictionaries = 2 * n_transcoders(config) * 4.0 * cfg.d_model * width
         return Work({"float32": evaluation + sae["eval_contexts"] * t * dictionaries})
     training = tokens * sae_training_flops_per_token(cfg.d_model, sae_width(config, cfg.d_model))
     # A transcoder reads its input and its target.
@@ -177,5 +178,5 @@ def disk_bytes(config: dict) -> dict[str, int]:
     """Bytes of the SAEs (fp32 parameters, every hook) and of their checkpoints while every SAE
     trains at once."""
     cfg = architectures.model_cfg(config)
-    weights = n_hooks(config) * sae_param_bytes(cfg.d_model, sae_width(config, cfg.d_model))
+    weights = n_dictionaries(config) * sae_param_bytes(cfg.d_model, sae_width(config, cfg.d_model))
     return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * weights}

@@ -1,4 +1,4 @@
-"""The replacement model's loss (rule transcoder_replacement, sae.kind transcoder): every MLP
+"""The replacement model's loss (rule transcoder_replacement): every MLP
 replaced by its transcoder at once, on the held-out contexts each train_sae job measured its own
 layer on. A transcoder's own metrics.json replaces its layer alone; errors compound through the
 layers, and circuit-tracer's replacement model replaces them all."""

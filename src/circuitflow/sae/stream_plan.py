@@ -46,16 +46,18 @@ class StreamGroup:
         return [hook_name(site, layer) for site, layer in self.members]
 
     def transcoder_pairs(self) -> dict[str, tuple[str, str]]:
-        """Each member (an MLP output, sae.kind transcoder) by hook: (MLP input, its hook)."""
+        """Each member that is a transcoder (an MLP output, sae.kind transcoder or both) by
+        hook: (MLP input, its hook)."""
         return {hook_name(s, layer): (hook_name("mlp_in", layer), hook_name(s, layer))
-                for s, layer in self.members}  # fmt: skip
+                for s, layer in self.members if s == "mlp_out"}  # fmt: skip
 
     def read_hooks(self, kind: str) -> list[str]:
         """The hooks its forward passes capture: each member's, and for transcoders
-        (`sae.kind`) each member's MLP input before its output."""
-        if kind != "transcoder":
+        (`sae.kind` transcoder or both) each transcoder's MLP input before its output."""
+        if kind == "sae":
             return self.hooks
-        return [hook for pair in self.transcoder_pairs().values() for hook in pair]
+        pairs = self.transcoder_pairs()
+        return [h for hook in self.hooks for h in pairs.get(hook, (hook,))]
 
     @property
     def depth(self) -> int:
@@ -88,8 +90,11 @@ class StreamGroup:
 
 
 def stream_hooks(config: dict) -> list[tuple[str, int]]:
-    """Every configured (site, layer), by layer and then in the config's order of sites."""
-    return [(site, layer) for layer in config["layers"] for site in config["sites"]]
+    """Every dictionary's (site, layer), by layer and then in the config's order of sites (a
+    transcoder's, mlp_out, last: config.dictionary_sites)."""
+    from circuitflow.config import dictionary_sites
+
+    return [(site, layer) for layer in config["layers"] for site in dictionary_sites(config)]
 
 
 def split(members: list[tuple[str, int]], per_job: int) -> list[StreamGroup]:

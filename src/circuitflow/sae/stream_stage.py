@@ -225,10 +225,14 @@ class GroupTrainer(MultiSAETrainer):
 
 class PairedBatches:
     """The stream's batches with each transcoder's two hooks joined into its [input | output]
-    rows (sae.transcoder.split), under the member's hook; position and seek are the stream's."""
+    rows (sae.transcoder.split), under the member's hook, and every other member's (an SAE
+    beside the transcoders, sae.kind both) as it came; position and seek are the stream's."""
 
-    def __init__(self, stream: ModelActivationStream, pairs: dict[str, tuple[str, str]]):
+    def __init__(
+        self, stream: ModelActivationStream, pairs: dict[str, tuple[str, str]], members: list[str]
+    ):
         self.stream, self.pairs = stream, pairs
+        self.plain = [m for m in members if m not in pairs]
 
     @property
     def position(self) -> int:
@@ -242,7 +246,8 @@ class PairedBatches:
 
     def __next__(self) -> dict[str, torch.Tensor]:
         batch = next(self.stream)
-        return {name: torch.cat([batch[i], batch[o]], 1) for name, (i, o) in self.pairs.items()}
+        joined = {name: torch.cat([batch[i], batch[o]], 1) for name, (i, o) in self.pairs.items()}
+        return {name: batch[name] for name in self.plain} | joined
 
 
 @dataclass
@@ -295,7 +300,7 @@ def train(
     )  # fmt: skip
     trainers: dict[str, ControlledSAETrainer] = {}
     controllers: dict[str, SparsityController | None] = {}
-    pairs = group.transcoder_pairs() if cfg.kind == "transcoder" else {}
+    pairs = group.transcoder_pairs() if cfg.kind != "sae" else {}
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
         hook_in, hook_out = pairs.get(hook, (hook, ""))
@@ -341,7 +346,7 @@ def train(
                         f"SIGTERM: checkpointed at {gt.n_training_samples} tokens in {ckpt_root}"
                     )
 
-        batches = PairedBatches(stream, pairs) if pairs else stream
+        batches = PairedBatches(stream, pairs, group.hooks) if pairs else stream
         group_trainer = GroupTrainer(trainer_cfg, trainers, batches, after_step)
         if state is not None:
             for i, tr in enumerate(trainers.values()):
@@ -408,7 +413,7 @@ def summarise(
         "tokens_per_s": (trained - run.tokens_at_start) / run.session_s,
         "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
         "planned_memory_mb": planned / memory.MiB,
-        "kind": cfg.kind,
+        "kind": "transcoder" if is_transcoder(saved_sae) else "sae",  # this member's
         "architecture": cfg.architecture,
         "d_in": int(saved_sae.cfg.d_in),
         "d_sae": saved_sae.cfg.d_sae,

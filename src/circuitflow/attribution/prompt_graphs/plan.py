@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from circuitflow.attribution.plan import estimate_attribution
-from circuitflow.memory import load_bytes, n_hooks, n_prompts, prompt_length
+from circuitflow.memory import load_bytes, n_prompts, n_transcoders, prompt_length
 from circuitflow.model import architectures
 from circuitflow.perf import Work, attribution_forward_flops_per_prompt
 from circuitflow.sae.plan import sae_param_bytes, sae_width
@@ -61,7 +61,7 @@ def graph_bytes(config: dict, device: str) -> dict[str, int]:
     per_copy = 4 * positions * (2 * cfg.d_vocab + ROW_RESID * cfg.n_layers * cfg.d_model)
     columns = active_features(config, positions) + (cfg.n_layers + 1) * positions + 1
     return {
-        "weights": n_params * 4 + n_hooks(config) * sae_param_bytes(cfg.d_model, d_sae),
+        "weights": n_params * 4 + n_transcoders(config) * sae_param_bytes(cfg.d_model, d_sae),
         "fixed": est.fixed_device,
         "rows": per_copy * config["attribution"]["prompt_graph_batch_size"],
         # The rows computed, over every active feature's column, and their folded copy.

@@ -1,4 +1,4 @@
-"""The prompt_graphs job of one behaviour (sae.kind transcoder): a replacement graph for each
+"""The prompt_graphs job of one behaviour: a replacement graph for each
 of the first `attribution.prompt_graphs` prompts, pruned, split over heads, validated on the
 model and written as circuit-tracer graph files, with `summary.json`, the kept features'
 top-activating contexts beside them, and the page that draws them (see docs/outputs.md)."""
