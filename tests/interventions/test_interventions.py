@@ -441,6 +441,10 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
                 "random_faithfulness_heldout"):  # fmt: skip
         assert beside[key] == pytest.approx(comps[key]), key
     assert comps["component_circuit"]["faithfulness_heldout"] == comps["faithfulness_heldout"]
+    # Its random controls are drawn at that size only (what interventions.plan charges).
+    table = pd.read_parquet(out / "component_circuits.parquet")
+    assert 0 < beside["size"] < beside["candidates"]
+    assert set(table[table["circuit"] == "random"]["n"]) == {beside["size"]}
     lead = behaviour_sections(adir, out)[0]
     assert lead[0].startswith("Circuits, held out beside selection")
     assert f"{beside['faithfulness_heldout']:.3f}" in lead[1]

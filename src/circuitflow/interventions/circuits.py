@@ -212,48 +212,36 @@ def refine_smallest(
     """Bisect between the first faithful size of the grid and the largest tested size below it
     (faithfulness on the selection half grows with n along the ranking, mostly): the rows of
     every size tried are added to `curves`, with random controls at the smallest faithful size
-    found."""
+    found where `curves` has none there (a size the bisection found, or any size when the grid
+    ran without controls, as the component circuit's does)."""
     hi = smallest_faithful(curves, cfg.faithfulness_threshold)
-    tested = curves.loc[curves["circuit"] == "top", "n"]
-    below = tested[tested < hi] if hi is not None else tested.iloc[:0]
-    if hi is None or below.empty:
+    if hi is None:
         return curves
-    lo, first, frames = int(below.max()), hi, [curves]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        frames.append(
-            circuit_curves(runs, ranked, [mid], cfg, base_seed, selection, controls=False)
-        )
-        if frames[-1]["faithfulness"].iloc[0] >= cfg.faithfulness_threshold:
-            hi = mid
-        else:
-            lo = mid
-    if hi != first:  # the random control at the smallest faithful size found
+    tested = curves.loc[curves["circuit"] == "top", "n"]
+    below = tested[tested < hi]
+    frames = [curves]
+    if not below.empty:
+        lo = int(below.max())
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            frames.append(
+                circuit_curves(runs, ranked, [mid], cfg, base_seed, selection, controls=False)
+            )
+            if frames[-1]["faithfulness"].iloc[0] >= cfg.faithfulness_threshold:
+                hi = mid
+            else:
+                lo = mid
+    controlled = ((curves["circuit"] == "random") & (curves["n"] == hi)).any()
+    if cfg.n_random_circuits and 0 < hi < len(ranked) and not controlled:
         found = circuit_curves(runs, ranked, [hi], cfg, base_seed, selection)
         frames.append(found[found["circuit"] == "random"])
+    if len(frames) == 1:
+        return curves
     order = {"top": 0, "graph": 1, "random": 2}
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(
         ["n", "circuit", "draw"], key=lambda c: c.map(order) if c.name == "circuit" else c
     ).reset_index(drop=True)
-
-
-def controls_at_smallest(
-    runs: Runs,
-    ranked: list[Node],
-    curves: pd.DataFrame,
-    cfg: InterventionsConfig,
-    base_seed: int,
-    selection: np.ndarray,
-) -> pd.DataFrame:
-    """`curves` with the random control at the smallest faithful size, where it has none: a
-    search whose grid ran without controls (the component circuit) reports only that one."""
-    n = smallest_faithful(curves, cfg.faithfulness_threshold)
-    have = curves[(curves["circuit"] == "random") & (curves["n"] == n)]
-    if n is None or len(have) or not 0 < n < len(ranked):
-        return curves
-    found = circuit_curves(runs, ranked, [n], cfg, base_seed, selection)
-    return pd.concat([curves, found[found["circuit"] == "random"]], ignore_index=True)
 
 
 CIRCUIT_NODE_TEXT = {

@@ -160,7 +160,11 @@ def circuits(
     if active:  # features are candidates: the component circuit is a second search
         comp_ranked = circ.ranked_nodes(attr.components)
         sizes = circ.circuit_sizes(len(comp_ranked), cfg, [])
-        comp_curves = circ.circuit_curves(runs, comp_ranked, sizes, cfg, base_seed, selection)
+        # Random controls at the size it finds only (refine_smallest): no figure draws this
+        # search's curves.
+        comp_curves = circ.circuit_curves(
+            runs, comp_ranked, sizes, cfg, base_seed, selection, controls=False
+        )
         comp_curves = circ.refine_smallest(
             runs, comp_ranked, comp_curves, cfg, base_seed, selection
         )
