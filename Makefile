@@ -14,7 +14,7 @@ TEST_WORKERS ?= 4
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: install run test lint format clean report check
+.PHONY: install run test lint format clean report check bench-gpu
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ check: install
 
 test: install
 	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+
+# Every benchmark on this machine's GPU within 8 minutes (benchmarks/measure.py); the results
+# land in benchmarks/results/*-cuda.json. `--device cpu` is its smoke test (tests/test_measure.py).
+bench-gpu: install
+	$(ACTIVATE) python benchmarks/measure.py --device cuda
 
 lint: install
 	$(ACTIVATE) ruff check src scripts tests benchmarks .test

@@ -93,12 +93,16 @@ def main() -> None:
     p.add_argument("--k", type=int, default=32)
     p.add_argument("--max-feature-nodes", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--n-layers", type=int, default=None,
+                   help="fewer layers than GPT-2 small's 12: a smoke test (benchmarks/measure.py "
+                   "--device cpu); the plan's figures then describe 12 layers")  # fmt: skip
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    overrides = {"n_layers": args.n_layers} if args.n_layers else {}
     if not args.device.startswith("cuda"):
         track_live_bytes_on_cpu()  # the resident set follows live tensors (see its doc)
     torch.manual_seed(0)
-    model = architectures.build("gpt2-small", device=args.device)
+    model = architectures.build("gpt2-small", device=args.device, **overrides)
     for param in model.parameters():
         param.requires_grad_(False)
     tcs = transcoders(model, args.expansion * model.cfg.d_model, args.k)
@@ -126,7 +130,11 @@ def main() -> None:
         checked = validate.validate(graph, pruned.node_mask, pruned.node_influence, 10, 0.8)
         seconds["validation"] = time.perf_counter() - start
     config = pipeline_config(args)
-    cfg = architectures.model_cfg(config)
+    cfg = (
+        architectures.config("gpt2-small", **overrides)
+        if overrides
+        else architectures.model_cfg(config)
+    )
     planned = plan.graph_bytes(config, args.device)
     work_planned = sum(v for k, v in planned.items() if k != "weights")
     measured = meter.delta
@@ -135,7 +143,8 @@ def main() -> None:
         "benchmark": "prompt_graphs",
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": device_info(args.device),
-        "model": "gpt2-small architecture, random weights; random TopK transcoders",
+        "model": "gpt2-small architecture, random weights; random TopK transcoders"
+        + (f" ({args.n_layers} layers: a smoke test)" if args.n_layers else ""),
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "graph": {
             "n_active_features": graph.n_features + graph.dropped_features,

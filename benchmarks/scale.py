@@ -51,7 +51,7 @@ CPU_OVERRIDES = {
 }  # fmt: skip
 
 
-def write_model(out: Path) -> None:
+def write_model(out: Path, weights: bool = True) -> None:
     """GPT-2 small's architecture with random weights (seed 0) and the byte-level BPE tokenizer
     of .test/tiny-gpt2 (trained there on the prompts' names, places and capitals; ids < 600 of
     the 50257 the embedding holds)."""
@@ -62,9 +62,12 @@ def write_model(out: Path) -> None:
     eos = tokenizer.eos_token_id
     config = GPT2Config(vocab_size=50257, n_positions=1024, n_ctx=1024, n_embd=768, n_layer=12,
                         n_head=12, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    tokenizer.save_pretrained(out)
+    if not weights:  # a dry run reads the architecture only
+        config.save_pretrained(out)
+        return
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
 
 
 def write_corpus(out: Path, n_tokens: int, seed: int = 0) -> None:
@@ -96,8 +99,11 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def run_config(device: str, workdir: Path, model_dir: Path, corpus: Path) -> dict:
-    """config/gpt2-small.yaml on the local model and corpus; on CPU with CPU_OVERRIDES."""
+def run_config(
+    device: str, workdir: Path, model_dir: Path, corpus: Path, reduced: bool = False
+) -> dict:
+    """config/gpt2-small.yaml on the local model and corpus; on CPU (or `reduced`, as
+    benchmarks/measure.py runs it on a GPU within minutes) with CPU_OVERRIDES."""
     config = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
     config = merge(config, {
         "outdir": str(workdir / "results"),
@@ -109,15 +115,16 @@ def run_config(device: str, workdir: Path, model_dir: Path, corpus: Path) -> dic
         "sae": {"source": "capture", "total_tokens": 20_000_000},
     })  # fmt: skip
     config["model"].pop("n_layers", None)  # read from the local config.json
-    return merge(config, CPU_OVERRIDES) if device == "cpu" else config
+    return merge(config, CPU_OVERRIDES) if device == "cpu" or reduced else config
 
 
-def snakemake(config_file: Path, cores: int, gpus: int) -> float:
+def snakemake(config_file: Path, cores: int, gpus: int, dry_run: bool = False) -> float:
     """Run the DAG; on a GPU one GPU job at a time (`--resources gpus=N`), so each job's wall
-    time is its own."""
+    time is its own. `dry_run`: plan it only (benchmarks/measure.py's CPU smoke test)."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
            "--directory", str(REPO), "--configfile", str(config_file),
            "--cores", str(cores), "--resources", f"gpus={gpus}"]  # fmt: skip
+    cmd += ["--dry-run"] if dry_run else []
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
     log = config_file.parent / "snakemake.log"
@@ -147,6 +154,25 @@ def rule_costs(results: Path, rule: str) -> dict:
     rows = [r for p, r in zip(paths, rows, strict=False) if p.stem != "across"]
     return {"jobs": len(rows), "wall_s": sum(float(r["s"]) for r in rows),
             "peak_mb": max(float(r["max_rss"]) for r in rows)}  # fmt: skip
+
+
+def planned_peak_mb(config: dict, rule: str, device: str) -> float:
+    """The host memory the resource plan gives one job of `rule` (circuitflow.resources, before
+    Slurm's headroom), for the measured max_rss beside it."""
+    from circuitflow import config as cf_config
+    from circuitflow import resources
+
+    resolved = cf_config.resolve(config)
+    return resources.job_peak_bytes(resolved, rule, device) / 2**20
+
+
+def dag_jobs(log: Path) -> int:
+    """The `total` of the job table a dry run prints."""
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "total" and parts[1].isdigit():
+            return int(parts[1])
+    raise ValueError(f"{log}: no job table (did the dry run fail?)")
 
 
 def stage_summaries(results: Path, rule: str) -> list[dict]:
@@ -264,6 +290,13 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
+        "--reduced",
+        action="store_true",
+        help="the CPU's reduced counts on any device (benchmarks/measure.py)",
+    )
+    ap.add_argument("--dry-run", action="store_true",
+                    help="plan the DAG only and write its job count (a smoke test)")  # fmt: skip
+    ap.add_argument(
         "--reuse",
         action="store_true",
         help="read a finished run in --workdir (its snakemake.log's elapsed time) instead of "
@@ -276,18 +309,34 @@ def main() -> None:
     import torch
 
     from circuitflow import perf
+    from circuitflow.io import write_json
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="circuitflow-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir, corpus = workdir / "gpt2-small-random", workdir / "corpus.txt"
     if not (model_dir / "config.json").is_file():
-        write_model(model_dir)
-    config = run_config(args.device, workdir, model_dir, corpus)
+        write_model(model_dir, weights=not args.dry_run)
+    config = run_config(args.device, workdir, model_dir, corpus, args.reduced)
     if not args.reuse:
         write_corpus(corpus, int(1.2 * config["capture"]["n_tokens"]) + 10_000)
     config_file = workdir / "config.yaml"
     if not args.reuse:
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    path = args.out or REPO / "benchmarks" / "results" / f"scale-{args.device}.json"
+    if args.dry_run:
+        snakemake(config_file, args.cores, 0, dry_run=True)
+        jobs = dag_jobs(workdir / "snakemake.log")
+        write_json(
+            path,
+            {
+                "benchmark": "scale",
+                "dry_run": True,
+                "jobs": jobs,
+                "config": {k: config[k] for k in ("layers", "sae", "behaviours")},
+            },
+        )
+        print(f"scale: dry run of {jobs} jobs; wrote {path}")
+        return
     if args.reuse:
         total_s = elapsed_s(workdir / "snakemake.log")
     else:
@@ -305,6 +354,18 @@ def main() -> None:
         stage["forward_equivalents_total"] = sum(
             s.get("forward_equivalents_total", 0.0) for s in summaries
         )
+        units = sum(
+            s["forward_equivalents_total"] / s["forward_equivalents_per_prompt"]
+            for s in summaries
+            if s.get("forward_equivalents_per_prompt")
+        )
+        stage["units"] = units
+        stage["seconds_per_unit"] = stage["wall_s"] / units if units else None
+        try:
+            stage["planned_peak_mb"] = planned_peak_mb(config, rule, args.device)
+        except Exception as err:  # a figure beside the measurement: never lose the run for it
+            stage["planned_peak_mb"] = None
+            stage["planned_peak_error"] = f"{type(err).__name__}: {err}"
         stages[rule] = stage
     stages["capture"]["context_length"] = config["capture"]["context_length"] or 128
     stages["train_sae"]["tokens_trained_total"] = sum(
@@ -338,13 +399,13 @@ def main() -> None:
         "n_layers": 12,
         "model": "gpt2-small architecture, random weights (local Hugging Face directory)",
         "config": {k: config[k] for k in ("layers", "capture", "sae", "behaviours")},
+        "reduced": args.device == "cpu" or args.reduced,
         "snakemake_wall_s": total_s,
         "stages": stages,
         "a100_hours_full_config": sum(hours.values()),
         "projection": how,
     }
-    path = args.out or REPO / "benchmarks" / "results" / f"scale-{args.device}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(path, out)
     print(json.dumps(out, indent=2))
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)

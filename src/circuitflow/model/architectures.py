@@ -97,11 +97,14 @@ def config(name: str, **overrides: Any):
     return ARCHITECTURES[name](**overrides)
 
 
-def build(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
-    """A HookedTransformer of architecture `name` with random weights, in eval mode."""
+def build(
+    name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides
+):
+    """A HookedTransformer of architecture `name` with random weights, in eval mode
+    (`overrides`: fields of its config, such as n_layers for a smoke test)."""
     from transformer_lens import HookedTransformer
 
-    cfg = config(name, device=device, dtype=dtype, seed=seed)
+    cfg = config(name, device=device, dtype=dtype, seed=seed, **overrides)
     return HookedTransformer(cfg).eval()
 
 

@@ -380,7 +380,7 @@ def compute_rows(
     g_mlp = torch.zeros_like(mlp) if g_mlp is None else g_mlp
     heads = torch.stack(
         [
-            (g * zl).sum(dim=(1, 3)) if g is not None else torch.zeros(zl.shape[0], zl.shape[2])
+            (g * zl).sum(dim=(1, 3)) if g is not None else zl.new_zeros(zl.shape[0], zl.shape[2])
             for g, zl in zip(g_z, z, strict=True)
         ],
         dim=1,

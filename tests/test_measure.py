@@ -1,0 +1,81 @@
+"""benchmarks/measure.py's CPU mode: the one GPU measurement command at smoke sizes, so it
+cannot rot between the sessions that have a GPU (issue 39)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = ("gpu_suite", "sae_train", "sae_stream", "prompt_graphs", "scale")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measure")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "measure.py"), "--device", "cpu",
+         "--out-dir", str(out / "results"), "--log-dir", str(out / "logs"), "--budget", "600"],
+        capture_output=True, text=True, cwd=REPO, timeout=900,
+    )  # fmt: skip
+    return done, out / "results"
+
+
+def read(results: Path, step: str) -> dict:
+    return json.loads((results / f"{step}-cpu-smoke.json").read_text())
+
+
+def test_every_step_writes_its_figures_stamped(measured):
+    done, results = measured
+    assert done.returncode == 0, done.stdout + done.stderr
+    for step in STEPS:
+        data = read(results, step)
+        assert data["environment"]["device"] == "cpu"
+        assert data["environment"]["torch"]
+        assert data["measure"]["command"].startswith(f"{REPO / 'benchmarks' / step}.py")
+    screen = done.stdout[done.stdout.index("figure") :]
+    for figure in ("share of peak", "fast / SAELens", "stream / capture-then-train",
+                   "forward equivalents a graph", "DAG planned"):  # fmt: skip
+        assert figure in screen, figure
+
+
+def test_figures_agree_with_independent_references(measured):
+    _, results = measured
+    suite = read(results, "gpu_suite")
+    stages = {r["stage"] for r in suite["results"]}
+    assert stages == {"forward", "capture", "sae_train", "attribution"}
+    for rec in suite["results"]:
+        assert rec["tokens_per_s"] > 0 and 0 < rec["roofline_share"]
+        if "planned_memory_bytes" in rec:  # the planner within 25% of the measured peak, or over
+            assert rec["planned_memory_bytes"] >= 0.75 * rec["peak_memory_bytes"], rec
+    # The fast trainer and SAELens's train the same SAE from the same batches.
+    train = read(results, "sae_train")["sizes"]["small"]
+    assert abs(train["explained_variance_delta"]) < 1e-4
+    assert train["l0"]["fast"] == train["l0"]["saelens"]
+    # One streaming pass and a job per layer train the same SAEs.
+    stream = read(results, "sae_stream")["paths"]
+    assert stream["stream_one_pass"]["explained_variance_per_layer"] == pytest.approx(
+        stream["stream_per_layer"]["explained_variance_per_layer"], abs=1e-6
+    )
+    assert stream["stream_one_pass"]["activation_bytes_written"] == 0
+    assert stream["capture_then_train"]["activation_bytes_written"] > 0
+    graph = read(results, "prompt_graphs")
+    assert 0 < graph["forward_equivalents_total"] <= graph["planned_graph_passes"]
+    assert graph["graph"]["linearity_max_abs_error"] < 1e-3
+    assert read(results, "scale")["jobs"] >= 20
+
+
+def test_a_failing_step_is_reported_and_the_rest_still_run(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "measure.py"), "--device", "cpu",
+         "--only", "scale", "prompt_graphs", "--budget", "0.5", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1
+    for step in ("prompt_graphs", "scale"):  # each on the screen, cut or never started
+        assert re.search(rf"^  {step} +(cut at|not run)", done.stdout, re.M), done.stdout
