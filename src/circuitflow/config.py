@@ -31,6 +31,7 @@ from circuitflow.schema import (
     schema_defaults,
     typed,
 )
+from circuitflow.sites import trains_transcoders
 
 EMBEDDED = "embedded"
 __all__ = [
@@ -296,30 +297,6 @@ def model_dims(config: dict) -> dict[str, int]:
     return {name: value for name, value in dims.items() if value is not None}
 
 
-def trains_transcoders(config: dict) -> bool:
-    """sae.kind transcoder or both: a transcoder per layer, from mlp_in to mlp_out."""
-    return config["sae"]["kind"] in ("transcoder", "both")
-
-
-def sae_sites(config: dict) -> list[str]:
-    """The sites whose SAEs attribution and interventions splice: `sites`, none for a run of
-    transcoders alone (sae.kind transcoder)."""
-    return [] if config["sae"]["kind"] == "transcoder" else list(config["sites"])
-
-
-def dictionary_sites(config: dict) -> list[str]:
-    """The sites dictionaries are trained (or loaded) at: `sites`, and with sae.kind both the
-    transcoders' too (saved under saes/mlp_out/)."""
-    extra = ["mlp_out"] if config["sae"]["kind"] == "both" else []
-    return [*config["sites"], *extra]
-
-
-def dictionary_kind(config: dict, site: str) -> str:
-    """What the dictionary at `site` is: `transcoder` at mlp_out when the run trains
-    transcoders, else `sae`."""
-    return "transcoder" if trains_transcoders(config) and site == "mlp_out" else "sae"
-
-
 def check_transcoders(config: dict) -> None:
     """sae.kind transcoder: one transcoder per layer, from mlp_in to mlp_out; both: SAEs at
     `sites` and the transcoders beside them, saved at mlp_out, which no SAE may take."""
@@ -342,13 +319,6 @@ def check_transcoders(config: dict) -> None:
             f"sae.source: 'pretrained' with sae.kind {kind}; transcoders are trained here, "
             "from captured or streamed activations: use sae.source capture or stream"
         )
-
-
-def capture_sites(config: dict) -> list[str]:
-    """The sites capture writes: the dictionaries' (dictionary_sites), and for transcoders
-    their input, mlp_in, too (one forward pass writes every site)."""
-    extra = ["mlp_in"] if trains_transcoders(config) else []
-    return [*extra, *(s for s in dictionary_sites(config) if s not in extra)]
 
 
 def check_cross_fields(config: dict) -> None:

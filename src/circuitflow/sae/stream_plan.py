@@ -30,6 +30,7 @@ from circuitflow.sae.plan import (
     sae_width,
     training_batch,
 )
+from circuitflow.sites import dictionary_sites
 
 RULE = "train_sae_stream"
 
@@ -91,9 +92,7 @@ class StreamGroup:
 
 def stream_hooks(config: dict) -> list[tuple[str, int]]:
     """Every dictionary's (site, layer), by layer and then in the config's order of sites (a
-    transcoder's, mlp_out, last: config.dictionary_sites)."""
-    from circuitflow.config import dictionary_sites
-
+    transcoder's, mlp_out, last: sites.dictionary_sites)."""
     return [(site, layer) for layer in config["layers"] for site in dictionary_sites(config)]
 
 
