@@ -20,8 +20,9 @@ import torch
 from circuitflow.capture.plan import context_length
 from circuitflow.memory import Estimate, dtype_bytes, estimate_forward, load_bytes, model_dtype
 from circuitflow.model import architectures
+from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.nodes import hook_name
-from circuitflow.perf import Work, forward_flops_per_token
+from circuitflow.perf import Work
 from circuitflow.perf import sae_training_flops_per_token as sae_flops
 from circuitflow.sae.plan import (
     SAE_NARROW_PER_ROW,
