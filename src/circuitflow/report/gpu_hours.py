@@ -252,11 +252,11 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
 
 
 def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
-    """`sae.source: stream`: the streaming jobs (sae.stream_groups.stream_groups for a `gpu`),
-    each SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
+    """`sae.source: stream`: the streaming jobs (stream_groups.stream_groups for a `gpu`), each
+    SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
     (every training context through its deepest layer) at the suite's capture rate, no disk."""
+    from circuitflow import stream_groups
     from circuitflow.cluster import Cluster
-    from circuitflow.sae import stream_groups
     from circuitflow.sae.config import SAETrainConfig
 
     sae = SAETrainConfig.from_dict(config["sae"])

@@ -1,7 +1,7 @@
 """The streaming SAE job's plan (rule train_sae_stream, `sae.source: stream`): which sites and
-layers share a job (`split`; sae.stream_groups picks the size), the job's peak memory as a
-function of its SAE batch and its forward batch (`estimate_stream`, which the stage plans both
-by), and its host memory and counted work for circuitflow.resources (the rule table).
+layers share a job (`split`; circuitflow.stream_groups picks the size), the job's peak memory
+as a function of its SAE batch and its forward batch (`estimate_stream`, which the stage plans
+both by), and its host memory and counted work for circuitflow.resources (the rule table).
 
 A job holds the model, the shuffle buffer of every hook it trains (`sae.shuffle_buffer_tokens`
 rows each, in `capture.dtype`, on the device), every SAE of the group with its Adam state, and
