@@ -8,7 +8,7 @@ Qwen2.5-0.5B architectures (random weights, no download) on the device it finds.
 
 Prints one line per stage and model (rate, peak memory against the memory plan, share of the
 compute roofline, ratio to the bare forward pass) and writes them as JSON to
-benchmarks/results/<device>.json; `python -m circuitflow.report.gpu_hours` turns that into the
+benchmarks/results/<device>.json; `python scripts/gpu_hours.py` turns that into the
 GPU-hours of a full CSD3 run.
 
 What it runs: each GPU stage on the real architectures with random weights.

@@ -332,32 +332,3 @@ def load_config(path: Path | str) -> dict:
     from circuitflow import config as cf_config
 
     return cf_config.load(path)
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m circuitflow.report.gpu_hours",
-        description="GPU-hours of a full run from a GPU suite result (benchmarks/gpu_suite.py).",
-    )
-    p.add_argument("--gpu", default=A100, choices=sorted(perf.NOMINAL_PEAK_FLOPS),
-                   help="the GPU the hours are for (a profile's gpu_type)")  # fmt: skip
-    p.add_argument("suite", help="benchmarks/results/<device>.json")
-    p.add_argument("--config", default="config/qwen2.5-0.5b.yaml", help="the run's config file")
-    p.add_argument("--markdown", action="store_true", help="the README's table")
-    args = p.parse_args(argv)
-    suite = load_suite(args.suite)
-    frame = estimate(suite, load_config(args.config), gpu=args.gpu)
-    if args.markdown:
-        print(markdown(frame))
-        return
-    print(f"{args.config}: {describe(suite, args.gpu)}")
-    with pd.option_context("display.max_colwidth", 200, "display.width", 250):
-        print(frame.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-
-
-if __name__ == "__main__":
-    from circuitflow.cli import main as cli_main
-
-    cli_main(main)
