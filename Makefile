@@ -38,9 +38,12 @@ check: install
 test: install
 	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
+# lint-imports checks the floors (pyproject.toml) of this checkout's src/, whatever the venv has
+# installed (worktrees may share one).
 lint: install
 	$(ACTIVATE) ruff check src scripts tests benchmarks .test
 	$(ACTIVATE) ruff format --check src scripts tests benchmarks .test
+	$(ACTIVATE) PYTHONPATH="$(abspath src)" lint-imports
 	$(ACTIVATE) snakefmt --check Snakefile workflow
 	$(ACTIVATE) snakemake --lint
 
