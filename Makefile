@@ -43,9 +43,12 @@ test: install
 bench-gpu: install
 	$(ACTIVATE) python benchmarks/measure.py --device cuda
 
+# lint-imports checks the floors (pyproject.toml) of this checkout's src/, whatever the venv has
+# installed (worktrees may share one).
 lint: install
 	$(ACTIVATE) ruff check src scripts tests benchmarks .test
 	$(ACTIVATE) ruff format --check src scripts tests benchmarks .test
+	$(ACTIVATE) PYTHONPATH="$(abspath src)" lint-imports
 	$(ACTIVATE) snakefmt --check Snakefile workflow
 	$(ACTIVATE) snakemake --lint
 

@@ -4,7 +4,7 @@ and extrapolate to GPT-2 small, 12 SAEs, 256 prompts on an A100.
 
 Estimate method: measure seconds per prompt for each part (fast method, exact patching of
 heads/MLPs, edges) on this machine with `--n-saes` SAEs on resid_post; count the FLOPs of one
-forward pass (perf.attribution_forward_flops_per_prompt: the blocks, the unembedding and each
+forward pass (model.flops.attribution_forward_flops_per_prompt: the blocks, the unembedding and each
 SAE's encode and two decodes) and measure this machine's
 achieved FLOP/s on the same forward; the A100 time is measured_time x (cpu FLOP/s / A100 FLOP/s)
 with the A100 at an assumed 40% of 156 TFLOP/s TF32 (small batches, hook overhead). Prints JSON.
@@ -39,6 +39,7 @@ def main() -> None:
     from circuitflow.attribution import scores as attr
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.model import architectures
+    from circuitflow.model.flops import attribution_forward_flops_per_prompt
     from circuitflow.nodes import hook_name
 
     torch.manual_seed(0)
@@ -82,7 +83,7 @@ def main() -> None:
         t1 = time.perf_counter()
         model(tokens)
         fwd = time.perf_counter() - t1
-    flops_fwd = args.n_prompts * perf.attribution_forward_flops_per_prompt(
+    flops_fwd = args.n_prompts * attribution_forward_flops_per_prompt(
         cfg, args.seq, len(saes), args.d_sae
     )
     cpu_flops = flops_fwd / fwd

@@ -8,7 +8,7 @@ Qwen2.5-0.5B architectures (random weights, no download) on the device it finds.
 
 Prints one line per stage and model (rate, peak memory against the memory plan, share of the
 compute roofline, ratio to the bare forward pass) and writes them as JSON to
-benchmarks/results/<device>.json; `python -m circuitflow.report.gpu_hours` turns that into the
+benchmarks/results/<device>.json; `python scripts/gpu_hours.py` turns that into the
 GPU-hours of a full CSD3 run.
 
 What it runs: each GPU stage on the real architectures with random weights.
@@ -59,6 +59,7 @@ from circuitflow.attribution import plan as attribution_plan
 from circuitflow.devices import enable_fast_math, resolve_dtype
 from circuitflow.memory import FAST_THRESHOLD, set_mmap_threshold, track_live_bytes_on_cpu
 from circuitflow.model import architectures
+from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.sae import plan as sae_plan
 
 SAE_VARIANTS = {
@@ -341,7 +342,7 @@ class Suite:
         batch = result.batch_size
         fwd = self._forward_rate(model, tokens, batch, cfg.n_layers)
         ctx = tokens.shape[1]
-        flops = perf.forward_flops_per_token(cfg, ctx, unembed=False)
+        flops = forward_flops_per_token(cfg, ctx, unembed=False)
         mix = {perf.dtype_name(cfg.dtype): 1.0}
         self.record(
             model=name,
@@ -496,7 +497,7 @@ class Suite:
         rate = n / seconds
         fwd = self._forward_rate(model, clean.astype(np.int32), sizes.attribution_batch, None) / t
         passes = perf.attribution_passes(cfg, len(saes), acfg, n, d_sae)["atp"]
-        model_flops = perf.forward_flops_per_token(cfg, t) * t * passes
+        model_flops = forward_flops_per_token(cfg, t) * t * passes
         sae_flops = perf.spliced_sae_flops_per_token(d, d_sae) * len(saes) * t * passes
         flops = model_flops + sae_flops
         # The model runs in its dtype, the SAEs in float32.

@@ -59,13 +59,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sae_train import device_info  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
 
-from circuitflow import perf  # noqa: E402
 from circuitflow.capture.config import CaptureConfig  # noqa: E402
 from circuitflow.capture.files import read_activation_info  # noqa: E402
 from circuitflow.capture.stage import capture  # noqa: E402
 from circuitflow.capture.tokens import token_set_hash  # noqa: E402
 from circuitflow.io import write_json  # noqa: E402
 from circuitflow.model import architectures  # noqa: E402
+from circuitflow.model.flops import forward_flops_per_token  # noqa: E402
 from circuitflow.nodes import hook_name  # noqa: E402
 from circuitflow.sae import stage as sae_stage  # noqa: E402
 from circuitflow.sae import stream_stage  # noqa: E402
@@ -244,7 +244,7 @@ def main() -> None:
           for name in PATHS}  # fmt: skip
     cfg = architectures.config("gpt2-small")
     d_sae = args.expansion * cfg.d_model
-    forward = perf.forward_flops_per_token(cfg, CONTEXT, None, unembed=False) / cfg.n_layers
+    forward = forward_flops_per_token(cfg, CONTEXT, None, unembed=False) / cfg.n_layers
     sae_flops = args.layers * fast_topk_flops_per_token(cfg.d_model, d_sae, args.k, args.batch)
     depth_one = args.layers * forward
     depth_each = sum(layer + 1 for layer in range(args.layers)) * forward

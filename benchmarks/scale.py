@@ -218,6 +218,10 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     from circuitflow import perf
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.model import architectures
+    from circuitflow.model.flops import (
+        attribution_forward_flops_per_prompt,
+        forward_flops_per_token,
+    )
 
     arch = architectures.config("gpt2-small")
     from circuitflow import config as cf_config
@@ -231,7 +235,7 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     out = {}
 
     def ctx_flops(t: int, unembed: bool = True) -> float:
-        return t * perf.forward_flops_per_token(arch, t, unembed=unembed)
+        return t * forward_flops_per_token(arch, t, unembed=unembed)
 
     # capture: one forward (capture's count per context) of every context.
     cap = stages["capture"]
@@ -259,7 +263,7 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     # attribution: passes x a spliced pass of a prompt (every SAE in).
     att = stages["attribution"]
     plen = att["prompt_length"]
-    spliced = lambda n, ds: perf.attribution_forward_flops_per_prompt(arch, plen, n, ds)  # noqa: E731
+    spliced = lambda n, ds: attribution_forward_flops_per_prompt(arch, plen, n, ds)  # noqa: E731
     run_flops = att["forward_equivalents_total"] * spliced(run_hooks, d_sae(run_cfg))
     acfg = AttributionConfig.from_dict(full["attribution"])
     full_flops = 0.0

@@ -23,19 +23,20 @@ def test_a_run_of_both_kinds_splices_its_saes_and_trains_a_transcoder_per_layer(
     mlp_out to the dictionaries and mlp_in and mlp_out to what capture writes; the memory
     planners count each accordingly."""
     from circuitflow.memory import n_dictionaries, n_hooks, n_transcoders
+    from circuitflow.sites import capture_sites, dictionary_kind, dictionary_sites, sae_sites
 
     both = cf.resolve({"sites": ["resid_pre", "resid_post"], "sae": {"kind": "both"}})
-    assert cf.sae_sites(both) == ["resid_pre", "resid_post"]
-    assert cf.dictionary_sites(both) == ["resid_pre", "resid_post", "mlp_out"]
-    assert cf.capture_sites(both) == ["mlp_in", "resid_pre", "resid_post", "mlp_out"]
-    assert [cf.dictionary_kind(both, s) for s in ("resid_post", "mlp_out")] == ["sae", "transcoder"]
+    assert sae_sites(both) == ["resid_pre", "resid_post"]
+    assert dictionary_sites(both) == ["resid_pre", "resid_post", "mlp_out"]
+    assert capture_sites(both) == ["mlp_in", "resid_pre", "resid_post", "mlp_out"]
+    assert [dictionary_kind(both, s) for s in ("resid_post", "mlp_out")] == ["sae", "transcoder"]
     assert (n_hooks(both), n_dictionaries(both), n_transcoders(both)) == (4, 6, 2)
     alone = cf.resolve({"sites": ["mlp_out"], "sae": {"kind": "transcoder"}})
-    assert cf.sae_sites(alone) == [] and cf.dictionary_sites(alone) == ["mlp_out"]
-    assert cf.capture_sites(alone) == ["mlp_in", "mlp_out"]
+    assert sae_sites(alone) == [] and dictionary_sites(alone) == ["mlp_out"]
+    assert capture_sites(alone) == ["mlp_in", "mlp_out"]
     assert (n_hooks(alone), n_dictionaries(alone), n_transcoders(alone)) == (0, 2, 2)
     plain = cf.resolve({})
-    assert cf.dictionary_kind(plain, "mlp_out") == "sae" and n_transcoders(plain) == 0
+    assert dictionary_kind(plain, "mlp_out") == "sae" and n_transcoders(plain) == 0
 
 
 def test_every_schema_key_has_description_and_default():

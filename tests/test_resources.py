@@ -131,8 +131,8 @@ def test_first_attempts_of_the_ready_configs_fit_their_work(name):
     rates the GPU suite measured: benchmarks/results/cpu.json); a job that resumes from its
     checkpoints (the streaming SAE jobs, which train 300M tokens a layer) over its attempts
     (the profile's retries)."""
+    from circuitflow import stream_groups
     from circuitflow.report import gpu_hours
-    from circuitflow.sae import stream_groups
 
     config = cf_config.load(READY[name])
     cluster = csd3_cluster()

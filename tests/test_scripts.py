@@ -98,6 +98,7 @@ def _parsers(parser: argparse.ArgumentParser):
 # Shared names a script takes in its own way, and why.
 OWN_ARGUMENTS = {
     ("check_env", "config"): "optional: defaults to config/config.yaml",
+    ("gpu_hours", "config"): "optional: defaults to config/qwen2.5-0.5b.yaml",
     ("report", "saes"): "`report sae` summarises one or more SAEs: required, nargs='+'",
 }
 

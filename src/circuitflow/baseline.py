@@ -205,7 +205,8 @@ def job_work(config: dict, rule: str, behaviour: str | None = None):
     """Two forward passes a prompt (clean, corrupted) of the behaviour's prompts."""
     from circuitflow.memory import model_dtype, n_prompts, prompt_length
     from circuitflow.model import architectures
-    from circuitflow.perf import Work, forward_flops_per_token
+    from circuitflow.model.flops import forward_flops_per_token
+    from circuitflow.perf import Work
 
     cfg = architectures.model_cfg(config)
     plen = prompt_length(config, cfg)

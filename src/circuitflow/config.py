@@ -3,16 +3,18 @@
 The JSON schema (workflow/schemas/config.schema.yaml, read through `circuitflow.schema`) checks
 types, unknown keys and fills defaults through `snakemake.utils.validate`; the checks here need
 more than a schema can say (layers against the model's depth, behaviour sources against the model
-kind, files that exist, values that cannot work together). Every failure is one line that names
-the key and, where there is a list, the allowed values. A stage turns the sections it reads into
-their dataclasses with `typed` (from `circuitflow.schema`, re-exported here).
+kind, files that exist, values that cannot work together). A stage's own checks live in its
+config module (`sae/config.py`, `capture/config.py`): this module sits on the floor above the
+stages and calls them, and no stage imports it (the sites a run's dictionaries sit at are
+`circuitflow.sites`). Every failure is one line that names the key and, where there is a list,
+the allowed values. A stage turns the sections it reads into their dataclasses with `typed`
+(from `circuitflow.schema`, re-exported here).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -296,119 +298,16 @@ def model_dims(config: dict) -> dict[str, int]:
     return {name: value for name, value in dims.items() if value is not None}
 
 
-def trains_transcoders(config: dict) -> bool:
-    """sae.kind transcoder or both: a transcoder per layer, from mlp_in to mlp_out."""
-    return config["sae"]["kind"] in ("transcoder", "both")
-
-
-def sae_sites(config: dict) -> list[str]:
-    """The sites whose SAEs attribution and interventions splice: `sites`, none for a run of
-    transcoders alone (sae.kind transcoder)."""
-    return [] if config["sae"]["kind"] == "transcoder" else list(config["sites"])
-
-
-def dictionary_sites(config: dict) -> list[str]:
-    """The sites dictionaries are trained (or loaded) at: `sites`, and with sae.kind both the
-    transcoders' too (saved under saes/mlp_out/)."""
-    extra = ["mlp_out"] if config["sae"]["kind"] == "both" else []
-    return [*config["sites"], *extra]
-
-
-def dictionary_kind(config: dict, site: str) -> str:
-    """What the dictionary at `site` is: `transcoder` at mlp_out when the run trains
-    transcoders, else `sae`."""
-    return "transcoder" if trains_transcoders(config) and site == "mlp_out" else "sae"
-
-
-def check_transcoders(config: dict) -> None:
-    """sae.kind transcoder: one transcoder per layer, from mlp_in to mlp_out; both: SAEs at
-    `sites` and the transcoders beside them, saved at mlp_out, which no SAE may take."""
-    sae = config["sae"]
-    if not trains_transcoders(config):
-        return
-    kind = sae["kind"]
-    if kind == "transcoder" and config["sites"] != ["mlp_out"]:
-        raise ConfigError(
-            f"sites: {config['sites']} with sae.kind transcoder; a transcoder predicts a layer's "
-            "MLP output from its input: set sites: [mlp_out]"
-        )
-    if kind == "both" and "mlp_out" in config["sites"]:
-        raise ConfigError(
-            f"sites: {config['sites']} with sae.kind both; the transcoders are saved at "
-            "saes/mlp_out/: leave mlp_out out of sites (the SAEs' sites)"
-        )
-    if sae["source"] == "pretrained":
-        raise ConfigError(
-            f"sae.source: 'pretrained' with sae.kind {kind}; transcoders are trained here, "
-            "from captured or streamed activations: use sae.source capture or stream"
-        )
-
-
-def capture_sites(config: dict) -> list[str]:
-    """The sites capture writes: the dictionaries' (dictionary_sites), and for transcoders
-    their input, mlp_in, too (one forward pass writes every site)."""
-    extra = ["mlp_in"] if trains_transcoders(config) else []
-    return [*extra, *(s for s in dictionary_sites(config) if s not in extra)]
-
-
 def check_cross_fields(config: dict) -> None:
     """Values that are each valid alone but cannot work together, refused before any job runs
-    (each would otherwise fail inside a job, minutes or hours in)."""
-    from circuitflow.sae import architectures
+    (each would otherwise fail inside a job, minutes or hours in): each stage's own checks, in
+    its config module (`sae.config.check`, `capture.config.check`)."""
+    from circuitflow.capture import config as capture_config
+    from circuitflow.sae import config as sae_config
 
     dims = model_dims(config)
-    sae, capture = config["sae"], config["capture"]
-    d_sae = sae["d_sae"] or (sae["expansion_factor"] * dims["d_model"] if dims else None)
-    where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
-    architecture = architectures.get(sae["architecture"])
-    if sae["trainer"] == "fast" and not architecture.sparse_trainer:
-        fast = [name for name, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
-        raise ConfigError(
-            f"sae.trainer: fast trains {', '.join(fast)} only, not {sae['architecture']}; "
-            "use auto or saelens"
-        )
-    fixed_l0 = architecture.controlled_coefficient is None
-    if d_sae is not None and fixed_l0 and sae["k"] > d_sae:
-        raise ConfigError(
-            f"sae.k: {sae['k']} latents per token cannot exceed the SAE's width ({where} = {d_sae})"
-        )
-    if d_sae is not None and not fixed_l0 and sae["target_l0"] >= d_sae:
-        raise ConfigError(
-            f"sae.target_l0: {sae['target_l0']} must be below the SAE's width ({where} = {d_sae})"
-        )
-    check_transcoders(config)
-    batch = sae["batch_size"]
-    if batch != "auto" and batch > sae["total_tokens"]:
-        raise ConfigError(
-            f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
-            "not one training step"
-        )
-    if batch != "auto" and sae["source"] == "capture" and batch > capture["n_tokens"]:
-        raise ConfigError(
-            f"sae.batch_size: {batch} exceeds the activation rows captured "
-            f"(capture.n_tokens = {capture['n_tokens']})"
-        )
-    n_ctx = dims.get("n_ctx")
-    length = capture["context_length"] or n_ctx
-    if n_ctx is not None and length > n_ctx:
-        raise ConfigError(
-            f"capture.context_length: {length} exceeds the model's context ({n_ctx} tokens)"
-        )
-    if length is not None and capture["n_tokens"] < length:
-        raise ConfigError(
-            f"capture.n_tokens: {capture['n_tokens']} is less than one context "
-            f"(capture.context_length = {length})"
-        )
-    if length is not None and capture["shards"] > 1:
-        per_context = length - 1 if capture["exclude_bos"] else length
-        n_contexts = math.ceil(capture["n_tokens"] / per_context)
-        unit = max(1, math.ceil(capture["checkpoint_tokens"] / per_context))
-        n_units = math.ceil(n_contexts / unit)
-        if capture["shards"] > n_units:
-            raise ConfigError(
-                f"capture.shards: {capture['shards']} shards for {n_units} checkpoint units of "
-                f"capture.n_tokens; use at most {n_units} or a smaller capture.checkpoint_tokens"
-            )
+    sae_config.check(config, dims)
+    capture_config.check(config, dims)
 
 
 def resolve(
@@ -432,19 +331,16 @@ def resolve(
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir).absolute(), config_files, overrides)
     check_cross_fields(config)
-    from circuitflow.sae.pretrained import check_config as check_pretrained
+    from circuitflow.capture import config as capture_config
+    from circuitflow.sae import config as sae_config
 
     def origin() -> Path:  # the folder a relative sae.pretrained.path resolves against
         key = ("sae", "pretrained", "path")
         return path_origin(key, Path(base_dir).absolute(), config_files, overrides)[0]
 
     # sae.source pretrained: the templates, and each dictionary readable without its weights.
-    check_pretrained(config, model_dims(config).get("d_model"), origin)
-    if not is_embedded(config) and not config["capture"]["corpus"]:
-        raise ConfigError(
-            "capture.corpus: a real model needs a corpus to capture activations from (a local "
-            ".txt/.jsonl/.parquet file or directory, or a Hugging Face dataset name)"
-        )
+    sae_config.check_pretrained(config, model_dims(config).get("d_model"), origin)
+    capture_config.check_corpus(config, is_embedded(config))
     return config
 
 

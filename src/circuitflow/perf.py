@@ -1,5 +1,7 @@
 """FLOP counts of the GPU stages and the device's peak rate: the roofline the benchmarks measure
 against (`benchmarks/gpu_suite.py`, `benchmarks/sae_train.py`, `benchmarks/attribution.py`).
+A model's own FLOPs (by its architecture) are `circuitflow.model.flops`: this module knows no
+model.
 
 Counts are matrix-multiply FLOPs (2 per multiply-add), the work a perfect kernel cannot avoid;
 elementwise ops are left out. Roofline share = FLOPs per token x measured tokens/s / peak rate.
@@ -78,22 +80,6 @@ def measured_peak_flops(
     return best
 
 
-def forward_flops_per_token(
-    cfg, context_length: int, n_layers: int | None = None, unembed: bool = True
-) -> float:
-    """FLOPs of one token through `n_layers` blocks (default: all) and the unembedding.
-
-    Per block: the projections and MLP (2 x their weights), and attention's two [t, t]
-    products per head over the full context (TransformerLens computes the whole square and
-    masks it afterwards).
-    """
-    from circuitflow.model.architectures import matmul_params_per_layer
-
-    layers = cfg.n_layers if n_layers is None else n_layers
-    per_layer = 2 * matmul_params_per_layer(cfg) + 4 * cfg.n_heads * cfg.d_head * context_length
-    return float(layers * per_layer + (2 * cfg.d_model * cfg.d_vocab if unembed else 0))
-
-
 def sae_training_flops_per_token(d_in: int, d_sae: int) -> float:
     """Encoder and dense decoder, forward (2 x 2 d_in d_sae) and backward (twice that)."""
     return 12.0 * d_in * d_sae
@@ -135,16 +121,6 @@ def attribution_passes(
         # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
         parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
     return parts
-
-
-def attribution_forward_flops_per_prompt(
-    model_cfg, prompt_length: int, n_saes: int, d_sae: int
-) -> float:
-    """FLOPs of one forward pass of a prompt with every SAE spliced in."""
-    per_token = forward_flops_per_token(model_cfg, prompt_length) + n_saes * (
-        spliced_sae_flops_per_token(model_cfg.d_model, d_sae)
-    )
-    return per_token * prompt_length
 
 
 def roofline_share(flops_per_item: float, items_per_s: float, peak: float) -> float:

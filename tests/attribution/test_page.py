@@ -22,7 +22,7 @@ from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.contexts import FileRows
 from circuitflow.attribution.page import graph_html, page_data, rounded
 from circuitflow.interventions.config import InterventionsConfig
-from circuitflow.interventions.flags import flags_of
+from circuitflow.interventions.flags import flags, flags_of
 from circuitflow.interventions.stage import intervene
 from circuitflow.report import stage as report_stage
 
@@ -253,7 +253,8 @@ def test_report_page_states_the_graph_as_a_circuit_and_the_flags(run):
     assert "graph_circuit in interventions/<behaviour>/summary.json" in stage_text
     # With the default run's induction numbers: every flag, and the circuit's own line.
     induction = run.summary | INDUCTION_NUMBERS
-    text = " ".join(header_text(graph_html(run.graph, "b", circuit=induction)).split())
+    page = graph_html(run.graph, "b", circuit=induction, flags=flags(induction))
+    text = " ".join(header_text(page).split())
     expected = flags_of(induction)
     assert len(expected) == 5
     for flag in expected:

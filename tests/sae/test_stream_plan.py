@@ -12,13 +12,13 @@ import yaml
 from helpers.dag import REPO
 
 from circuitflow import config as cf_config
-from circuitflow import resources
+from circuitflow import resources, stream_groups
 from circuitflow.capture import plan as capture_plan
 from circuitflow.capture import tokens as corpus
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.cluster import Cluster
 from circuitflow.errors import ConfigError
-from circuitflow.sae import stream_groups, stream_plan
+from circuitflow.sae import stream_plan
 from circuitflow.sae.stream_plan import StreamGroup
 
 EMBEDDED = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))

@@ -187,7 +187,8 @@ def test_csd3_dry_run_of_the_streaming_config(tmp_path):
     from one forward pass and writes each to its saes/resid_post/layer_N/; its memory and
     walltime are its group's plan (resources.mem_mb, resources.runtime with its key), a first
     attempt of at most resumable_max_runtime that grows on each retry."""
-    from circuitflow.sae import stream_groups, stream_plan
+    from circuitflow import stream_groups
+    from circuitflow.sae import stream_plan
 
     cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
     cfg["outdir"] = str(tmp_path / "results")

@@ -11,9 +11,8 @@ import pytest
 from helpers.dag import load_test_config, run_snakemake
 
 from circuitflow import config as cf_config
-from circuitflow import resources
+from circuitflow import resources, stream_groups
 from circuitflow.report.job_costs import read_benchmark
-from circuitflow.sae import stream_groups
 
 pytestmark = pytest.mark.slow
 SAE = {"source": "stream", "stream": {"layers_per_job": 2}}

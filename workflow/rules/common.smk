@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from circuitflow import cluster as cf_cluster
 from circuitflow import config as cf_config
 from circuitflow import resources as cf_resources
+from circuitflow import sites as cf_sites
 from circuitflow.report import gpu_hours as cf_gpu_hours
 
 try:
@@ -48,11 +49,11 @@ LAYERS = config["layers"]
 SITES = config["sites"]
 # Dictionaries: SAEs at SAE_SITES (attribution and interventions splice them) and, with
 # sae.kind transcoder or both, a transcoder per layer saved at mlp_out (the per-prompt graphs').
-TRANSCODERS = cf_config.trains_transcoders(config)
-SAE_SITES = cf_config.sae_sites(config)
-DICTIONARY_SITES = cf_config.dictionary_sites(config)
+TRANSCODERS = cf_sites.trains_transcoders(config)
+SAE_SITES = cf_sites.sae_sites(config)
+DICTIONARY_SITES = cf_sites.dictionary_sites(config)
 # What capture writes: every dictionary's site, and for transcoders their input, mlp_in.
-CAPTURE_SITES = cf_config.capture_sites(config)
+CAPTURE_SITES = cf_sites.capture_sites(config)
 
 
 wildcard_constraints:
@@ -160,7 +161,7 @@ def capture_outputs(sites=None):
 def dictionary_activations(wildcards):
     """The activation files a train_sae job reads: its site's, or for a transcoder the MLP's
     input and output at its layer."""
-    transcoder = cf_config.dictionary_kind(config, wildcards.site) == "transcoder"
+    transcoder = cf_sites.dictionary_kind(config, wildcards.site) == "transcoder"
     sites = ["mlp_in", "mlp_out"] if transcoder else [wildcards.site]
     return [f"{OUT}/activations/{site}/layer_{wildcards.layer}.h5" for site in sites]
 
@@ -170,9 +171,7 @@ def sae_job_config_json(wildcards):
     of its own dictionary (with sae.kind both, an SAE or a transcoder by its site), so a job
     is the one a run of that kind alone would run."""
     cfg = cf_config.section(config, "seed", "device", "model", "sae")
-    cfg["sae"] = cfg["sae"] | {
-        "kind": cf_config.dictionary_kind(config, wildcards.site)
-    }
+    cfg["sae"] = cfg["sae"] | {"kind": cf_sites.dictionary_kind(config, wildcards.site)}
     return json_param(cfg)(wildcards)
 
 

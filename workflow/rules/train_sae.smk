@@ -1,7 +1,7 @@
 # SAE training (sae.source capture or stream). Exit 75 = checkpointed on SIGTERM: the retry
 # (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets more walltime.
 # Code: src/circuitflow/sae/ (stage.py for capture, stream_stage.py for stream).
-from circuitflow.sae import stream_groups as cf_stream_groups
+from circuitflow import stream_groups as cf_stream_groups
 
 if SAE_SOURCE == "capture":
 

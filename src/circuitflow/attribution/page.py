@@ -2,11 +2,11 @@
 
 Python writes the header (numbers rounded for people: the validation, whose verdict needs every
 node kind with enough nodes to pass, how many edge weights are exact, and in the report's copy
-the graph's own faithfulness and completeness as a circuit with the interventions' flags), the
-controls and the data the page needs as JSON: the graph's nodes with their labels and
-forward-pass order, every computed edge (not only the pruned ones, so the page's thresholds can
-re-prune; each with its weight's source), each feature's top-activating contexts and, once the
-interventions stage has run, the tokens it promotes when steered.
+the graph's own faithfulness and completeness as a circuit with the interventions' flags, which
+the report passes in), the controls and the data the page needs as JSON: the graph's nodes with
+their labels and forward-pass order, every computed edge (not only the pruned ones, so the
+page's thresholds can re-prune; each with its weight's source), each feature's top-activating
+contexts and, once the interventions stage has run, the tokens it promotes when steered.
 `graph_page.js` (plain JavaScript, inlined) lays the graph out in columns by layer, routes every
 edge around the nodes it does not touch, and draws it as SVG with hover cards, path highlighting
 and the threshold controls; `graph_page.css` styles it.
@@ -232,23 +232,27 @@ def _circuit_lines(graph: dict[str, Any], circuit: dict[str, Any] | None) -> lis
     return lines
 
 
-def _flag_items(circuit: dict[str, Any] | None) -> str:
-    """The interventions summary's flags (interventions/flags.py) as a list."""
-    if circuit is None:
+def _flag_items(found: list[dict[str, Any]] | None) -> str:
+    """The interventions summary's flags (interventions/flags.py, passed in by the report) as a
+    list; nothing before that stage has run (None)."""
+    if found is None:
         return ""
-    from circuitflow.interventions.flags import flags
-
-    found = flags(circuit)
     if not found:
         return '<p class="meta">flags: none</p>'
     items = "".join(f"<li>{html.escape(f['text'])}</li>" for f in found)
     return f'<p class="meta flag">flags:</p><ul class="flags">{items}</ul>'
 
 
-def _header(graph: dict[str, Any], title: str, circuit: dict[str, Any] | None = None) -> str:
+def _header(
+    graph: dict[str, Any],
+    title: str,
+    circuit: dict[str, Any] | None = None,
+    flags: list[dict[str, Any]] | None = None,
+) -> str:
     """Title and the run's numbers, rounded: metric, validation (per kind and of edges when
     graph.json has them), sizes, the graph's own faithfulness and completeness as a circuit
-    and the flags on them (`circuit`: interventions/summary.json, None before that stage)."""
+    and the flags on them (`circuit`: interventions/summary.json, `flags`: its flags, both None
+    before that stage)."""
     lines = [
         f"metric: {html.escape(str(graph.get('metric', 'logit difference')))}, "
         f"clean {rounded(graph.get('metric_clean'))}, "
@@ -260,7 +264,7 @@ def _header(graph: dict[str, Any], title: str, circuit: dict[str, Any] | None = 
     return (
         f"<h1>{html.escape(title)}</h1>"
         + "".join(f'<p class="meta">{line}</p>' for line in lines)
-        + _flag_items(circuit)
+        + _flag_items(flags)
     )
 
 
@@ -300,15 +304,17 @@ def graph_html(
     contexts: pd.DataFrame | None = None,
     steering: pd.DataFrame | None = None,
     circuit: dict[str, Any] | None = None,
+    flags: list[dict[str, Any]] | None = None,
 ) -> str:
     """The page: header, controls, legend and an SVG that graph_page.js draws from the data.
     `circuit`: the interventions stage's summary.json (the report's copy), whose graph_circuit
-    and flags the header states."""
+    the header states, and `flags` the flags on its numbers (interventions.flags.flags of it),
+    which the header lists."""
     data = _json_for_script(page_data(graph, contexts, steering))
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_asset('graph_page.css')}</style></head>"
-        f"<body>{_header(graph, title, circuit)}{CONTROLS}"
+        f"<body>{_header(graph, title, circuit, flags)}{CONTROLS}"
         '<div id="graph-scroll"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div>'
         '<div id="card" hidden></div>'
         f'<script type="application/json" id="graph-data">{data}</script>'

@@ -18,7 +18,8 @@ from circuitflow.memory import (
 )
 from circuitflow.memory.planning import mlp_copies, model_dims
 from circuitflow.model import architectures
-from circuitflow.perf import Work, attribution_forward_flops_per_prompt, attribution_passes
+from circuitflow.model.flops import attribution_forward_flops_per_prompt
+from circuitflow.perf import Work, attribution_passes
 from circuitflow.sae.plan import sae_param_bytes, sae_width
 
 # The feature contexts encode the activation file this many rows at a time.

@@ -14,7 +14,8 @@ from circuitflow.memory import (
     model_dtype,
 )
 from circuitflow.model import architectures
-from circuitflow.perf import Work, forward_flops_per_token
+from circuitflow.model.flops import forward_flops_per_token
+from circuitflow.perf import Work
 
 # Tokenising the corpus (capture_tokens): a fast tokenizer does ~1M tokens/s a core.
 TOKENIZE_TOKENS_PER_S = 1e5

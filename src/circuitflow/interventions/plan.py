@@ -16,7 +16,8 @@ from circuitflow.memory import (
     prompt_length,
 )
 from circuitflow.model import architectures
-from circuitflow.perf import Work, attribution_forward_flops_per_prompt
+from circuitflow.model.flops import attribution_forward_flops_per_prompt
+from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_width
 
 

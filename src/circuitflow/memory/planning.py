@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitflow.memory.probes import MiB, available_bytes
+from circuitflow.sites import capture_sites, dictionary_sites, sae_sites, trains_transcoders
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
@@ -199,30 +200,22 @@ def prompt_length(config: dict, model_cfg) -> int:
 
 def n_hooks(config: dict) -> int:
     """Hook points attribution and interventions splice SAEs at: every configured layer at
-    every SAE site (config.sae_sites; none in a run of transcoders alone)."""
-    from circuitflow.config import sae_sites
-
+    every SAE site (sites.sae_sites; none in a run of transcoders alone)."""
     return len(config["layers"]) * len(sae_sites(config))
 
 
 def n_dictionaries(config: dict) -> int:
     """Dictionaries the run trains or loads: every layer at every site, transcoders included."""
-    from circuitflow.config import dictionary_sites
-
     return len(config["layers"]) * len(dictionary_sites(config))
 
 
 def n_transcoders(config: dict) -> int:
     """Transcoders the run trains: one per layer (sae.kind transcoder or both), else none."""
-    from circuitflow.config import trains_transcoders
-
     return len(config["layers"]) if trains_transcoders(config) else 0
 
 
 def capture_hooks(config: dict) -> int:
     """Hook points capture writes: every dictionary's, and a transcoder's input hook too."""
-    from circuitflow.config import capture_sites
-
     return len(config["layers"]) * len(capture_sites(config))
 
 

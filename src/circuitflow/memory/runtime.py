@@ -5,8 +5,8 @@ conversion copies when it loads. The rule table (circuitflow.resources) adds eac
 Every stage script imports circuitflow.config (torch, numpy, yaml): `base`; the report and
 provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
 TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
-set after importing RUNTIME_MODULES in a fresh interpreter (`python -m circuitflow.memory
-runtime` re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
+set after importing RUNTIME_MODULES in a fresh interpreter (`python scripts/runtime_memory.py`
+re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
 wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20% less where
 the libraries' files have aged in the page cache (220 against 272 MiB for `base` on one
 machine: fresh files are mapped whole on first touch), so these are the upper values.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from circuitflow.memory import dtype_bytes, load_bytes, model_dtype
 from circuitflow.model import architectures
-from circuitflow.perf import Work, forward_flops_per_token
+from circuitflow.model.flops import forward_flops_per_token
+from circuitflow.perf import Work
 
 
 def model_bytes(config: dict, device: str) -> int:

@@ -39,6 +39,7 @@ from circuitflow import perf
 from circuitflow.errors import InputError
 from circuitflow.memory import capture_hooks, n_dictionaries
 from circuitflow.model import architectures
+from circuitflow.model.flops import attribution_forward_flops_per_prompt, forward_flops_per_token
 
 if TYPE_CHECKING:
     from circuitflow.sae.config import SAETrainConfig
@@ -167,9 +168,9 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
         k: sum(p[k] * n for p, n in zip(per_behaviour, counts, strict=True)) / prompts
         for k in per_behaviour[0]
     }
-    per_pass = perf.attribution_forward_flops_per_prompt(arch, rec["prompt_length"], n_hooks, d_sae)
+    per_pass = attribution_forward_flops_per_prompt(arch, rec["prompt_length"], n_hooks, d_sae)
     work_flops = prompts * sum(passes.values()) * per_pass
-    share_model = perf.forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
+    share_model = forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
     model_part = share_model / per_pass
     peak = 1 / (model_part / _peak(gpu, "bfloat16") + (1 - model_part) / _peak(gpu, "float32"))
     s, source = _seconds(rec, work_flops, peak, suite, gpu)
@@ -190,7 +191,7 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
     icfg = InterventionsConfig.from_dict(config["interventions"])
     n_all = sum(n_prompts)
     n_iv = sum(min(n, icfg.max_prompts or math.inf) for n in n_prompts)
-    work_flops = 2 * n_all * plen * perf.forward_flops_per_token(arch, plen)
+    work_flops = 2 * n_all * plen * forward_flops_per_token(arch, plen)
     s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     source += "; 2 forward passes a prompt (clean, corrupted) at the measured forward rate"
     rows.insert(0, _row("baseline", n_beh, n_all, "prompts", work_flops, s, source))
@@ -226,7 +227,7 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
     rows = []
     tokens = math.ceil(cap.n_tokens / per_ctx) * ctx
     rec = _one(suite, key, "capture")
-    flops = perf.forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
+    flops = forward_flops_per_token(arch, ctx, max(config["layers"]) + 1, unembed=False)
     s, source = _seconds(rec, tokens * flops, _peak(gpu, "bfloat16"), suite, gpu)
     if not measured_on(suite, gpu):
         # Writing the activations cannot go faster than the disk the suite measured.
@@ -251,11 +252,11 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
 
 
 def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
-    """`sae.source: stream`: the streaming jobs (sae.stream_groups.stream_groups for a `gpu`),
-    each SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
+    """`sae.source: stream`: the streaming jobs (stream_groups.stream_groups for a `gpu`), each
+    SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
     (every training context through its deepest layer) at the suite's capture rate, no disk."""
+    from circuitflow import stream_groups
     from circuitflow.cluster import Cluster
-    from circuitflow.sae import stream_groups
     from circuitflow.sae.config import SAETrainConfig
 
     sae = SAETrainConfig.from_dict(config["sae"])
@@ -269,7 +270,7 @@ def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
     if not exact:
         source += f"; rate of the {rec['variant']} SAE scaled by FLOPs"
     tokens = math.ceil(sae.total_tokens / per_ctx) * ctx
-    fwd = sum(tokens * perf.forward_flops_per_token(arch, ctx, g.depth, unembed=False)
+    fwd = sum(tokens * forward_flops_per_token(arch, ctx, g.depth, unembed=False)
               for g in groups)  # fmt: skip
     s_fwd, how = _seconds(_one(suite, key, "capture"), fwd, _peak(gpu, "bfloat16"), suite, gpu)
     passes = sum(g.depth for g in groups) / arch.n_layers
@@ -289,7 +290,7 @@ def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu) -> dict[str, An
     its dictionary on `sae.eval_contexts` contexts (clean, spliced and zero-ablated passes, as
     deep as its layer; counted here as whole passes) at the suite's forward rate."""
     contexts = config["sae"]["eval_contexts"]
-    flops = n_hooks * 3 * contexts * ctx * perf.forward_flops_per_token(arch, ctx)
+    flops = n_hooks * 3 * contexts * ctx * forward_flops_per_token(arch, ctx)
     s, source = _seconds(_one(suite, key, "forward"), flops, _peak(gpu, "bfloat16"), suite, gpu)
     source += f"; 3 forward passes of {contexts} contexts a dictionary, nothing trained"
     return _row("pretrained_sae", n_hooks, n_hooks * contexts * ctx, "tokens", flops, s, source)
@@ -331,32 +332,3 @@ def load_config(path: Path | str) -> dict:
     from circuitflow import config as cf_config
 
     return cf_config.load(path)
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m circuitflow.report.gpu_hours",
-        description="GPU-hours of a full run from a GPU suite result (benchmarks/gpu_suite.py).",
-    )
-    p.add_argument("--gpu", default=A100, choices=sorted(perf.NOMINAL_PEAK_FLOPS),
-                   help="the GPU the hours are for (a profile's gpu_type)")  # fmt: skip
-    p.add_argument("suite", help="benchmarks/results/<device>.json")
-    p.add_argument("--config", default="config/qwen2.5-0.5b.yaml", help="the run's config file")
-    p.add_argument("--markdown", action="store_true", help="the README's table")
-    args = p.parse_args(argv)
-    suite = load_suite(args.suite)
-    frame = estimate(suite, load_config(args.config), gpu=args.gpu)
-    if args.markdown:
-        print(markdown(frame))
-        return
-    print(f"{args.config}: {describe(suite, args.gpu)}")
-    with pd.option_context("display.max_colwidth", 200, "display.width", 250):
-        print(frame.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-
-
-if __name__ == "__main__":
-    from circuitflow.cli import main as cli_main
-
-    cli_main(main)

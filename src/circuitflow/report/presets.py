@@ -1,6 +1,6 @@
 """GPU presets: the batch size each stage's memory plan picks per GPU type and real model, and
-the Markdown table docs/csd3.md shows (`python -m circuitflow.report.presets`; a test checks the
-table against this code)."""
+the Markdown table docs/csd3.md shows (`python scripts/gpu_presets.py`; a test checks the table
+against this code)."""
 
 from __future__ import annotations
 
@@ -105,20 +105,3 @@ def presets_markdown(rows: list[dict] | None = None) -> str:
         stages = " | ".join(cell(r, s) for s in ("capture", "sae", "attribution"))
         lines.append(f"| {r['gpu']} | {r['model']} | {r['dtype']} | {stages} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from circuitflow.attribution import methods
-
-    p = argparse.ArgumentParser(prog="python -m circuitflow.report.presets", description=__doc__)
-    p.add_argument("--fraction", type=float, default=0.8, help="share of GPU memory to plan for")
-    p.add_argument("--method", default="ig", choices=list(methods.REGISTRY),
-                   help="attribution method")  # fmt: skip
-    args = p.parse_args(argv)
-    print(presets_markdown(gpu_presets(fraction=args.fraction, attribution_method=args.method)))
-
-
-if __name__ == "__main__":
-    main()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from circuitflow.attribution.page import graph_html
+from circuitflow.interventions.flags import flags
 from circuitflow.io import save_figure, write_text
 from circuitflow.report import job_costs as costs
 from circuitflow.report import tables as rt
@@ -67,7 +68,8 @@ def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
     contexts = pd.read_parquet(attr / "feature_contexts.parquet")
     steering = pd.read_parquet(iv / "steering.parquet")
     summary = json.loads((iv / "summary.json").read_text())
-    write_text(out_html, graph_html(graph, f"{name} circuit", contexts, steering, summary))
+    page = graph_html(graph, f"{name} circuit", contexts, steering, summary, flags(summary))
+    write_text(out_html, page)
 
 
 def provenance(provenance_dir, out_html) -> None:

@@ -1,14 +1,20 @@
-"""The `sae:` config section as typed dataclasses (defaults: the schema's)."""
+"""The `sae:` config section as typed dataclasses (defaults: the schema's), and its checks
+against the rest of the run that `config.resolve` calls before any job (`check`,
+`check_pretrained`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
 from circuitflow.sae.sparsity import SparsityControllerConfig
 from circuitflow.schema import schema_defaults, typed
+from circuitflow.sites import trains_transcoders
 
 _TOP = schema_defaults()
 _D = _TOP["sae"]
@@ -68,7 +74,7 @@ class PretrainedConfig:
 @dataclass
 class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
-    device. The schema checks every value; config.check_cross_fields the combinations."""
+    device. The schema checks every value; `check` below the combinations."""
 
     kind: Literal["sae", "transcoder", "both"] = _D["kind"]  # transcoder: mlp_in -> mlp_out
     source: Literal["capture", "stream", "pretrained"] = _D["source"]
@@ -117,3 +123,75 @@ class SAETrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check(config: dict, dims: dict[str, int]) -> None:
+    """The `sae:` section's values that are each valid alone but cannot work together with the
+    rest of the run: the trainer against the architecture, k or target_l0 against the width,
+    sae.kind against the sites and the source (`check_transcoders`), the batch against the
+    tokens. `dims`: the model's d_model and n_ctx where known without loading it
+    (config.model_dims)."""
+    sae, capture = config["sae"], config["capture"]
+    d_sae = sae["d_sae"] or (sae["expansion_factor"] * dims["d_model"] if dims else None)
+    where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
+    architecture = architectures.get(sae["architecture"])
+    if sae["trainer"] == "fast" and not architecture.sparse_trainer:
+        fast = [name for name, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
+        raise ConfigError(
+            f"sae.trainer: fast trains {', '.join(fast)} only, not {sae['architecture']}; "
+            "use auto or saelens"
+        )
+    fixed_l0 = architecture.controlled_coefficient is None
+    if d_sae is not None and fixed_l0 and sae["k"] > d_sae:
+        raise ConfigError(
+            f"sae.k: {sae['k']} latents per token cannot exceed the SAE's width ({where} = {d_sae})"
+        )
+    if d_sae is not None and not fixed_l0 and sae["target_l0"] >= d_sae:
+        raise ConfigError(
+            f"sae.target_l0: {sae['target_l0']} must be below the SAE's width ({where} = {d_sae})"
+        )
+    check_transcoders(config)
+    batch = sae["batch_size"]
+    if batch != "auto" and batch > sae["total_tokens"]:
+        raise ConfigError(
+            f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
+            "not one training step"
+        )
+    if batch != "auto" and sae["source"] == "capture" and batch > capture["n_tokens"]:
+        raise ConfigError(
+            f"sae.batch_size: {batch} exceeds the activation rows captured "
+            f"(capture.n_tokens = {capture['n_tokens']})"
+        )
+
+
+def check_transcoders(config: dict) -> None:
+    """sae.kind transcoder: one transcoder per layer, from mlp_in to mlp_out; both: SAEs at
+    `sites` and the transcoders beside them, saved at mlp_out, which no SAE may take."""
+    sae = config["sae"]
+    if not trains_transcoders(config):
+        return
+    kind = sae["kind"]
+    if kind == "transcoder" and config["sites"] != ["mlp_out"]:
+        raise ConfigError(
+            f"sites: {config['sites']} with sae.kind transcoder; a transcoder predicts a layer's "
+            "MLP output from its input: set sites: [mlp_out]"
+        )
+    if kind == "both" and "mlp_out" in config["sites"]:
+        raise ConfigError(
+            f"sites: {config['sites']} with sae.kind both; the transcoders are saved at "
+            "saes/mlp_out/: leave mlp_out out of sites (the SAEs' sites)"
+        )
+    if sae["source"] == "pretrained":
+        raise ConfigError(
+            f"sae.source: 'pretrained' with sae.kind {kind}; transcoders are trained here, "
+            "from captured or streamed activations: use sae.source capture or stream"
+        )
+
+
+def check_pretrained(config: dict, d_model: int | None, origin: Callable[[], Path]) -> None:
+    """sae.source pretrained: the templates, and each dictionary that can be read without its
+    weights, against the run (sae.pretrained.check_config; `origin()`: the folder a relative
+    sae.pretrained.path resolves against)."""
+    from circuitflow.sae.pretrained import check_config
+
+    check_config(config, d_model, origin)

@@ -18,7 +18,8 @@ from circuitflow.memory import (
     n_transcoders,
 )
 from circuitflow.model import architectures
-from circuitflow.perf import Work, forward_flops_per_token, sae_training_flops_per_token
+from circuitflow.model.flops import forward_flops_per_token
+from circuitflow.perf import Work, sae_training_flops_per_token
 from circuitflow.sae.config import HOOKS_READ
 
 # SAE training: tensors of width d_sae per training row alive at the step's peak (each

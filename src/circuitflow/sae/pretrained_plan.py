@@ -13,7 +13,8 @@ import torch
 from circuitflow.capture.plan import context_length
 from circuitflow.memory import estimate_forward, load_bytes
 from circuitflow.model import architectures
-from circuitflow.perf import Work, forward_flops_per_token
+from circuitflow.model.flops import forward_flops_per_token
+from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_param_bytes, sae_width
 
 EVAL_BATCH = 16  # contexts a pass of the evaluation takes (pretrained_stage.EVAL_BATCH)

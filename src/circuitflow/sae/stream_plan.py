@@ -1,7 +1,7 @@
 """The streaming SAE job's plan (rule train_sae_stream, `sae.source: stream`): which sites and
-layers share a job (`split`; sae.stream_groups picks the size), the job's peak memory as a
-function of its SAE batch and its forward batch (`estimate_stream`, which the stage plans both
-by), and its host memory and counted work for circuitflow.resources (the rule table).
+layers share a job (`split`; circuitflow.stream_groups picks the size), the job's peak memory
+as a function of its SAE batch and its forward batch (`estimate_stream`, which the stage plans
+both by), and its host memory and counted work for circuitflow.resources (the rule table).
 
 A job holds the model, the shuffle buffer of every hook it trains (`sae.shuffle_buffer_tokens`
 rows each, in `capture.dtype`, on the device), every SAE of the group with its Adam state, and
@@ -20,8 +20,9 @@ import torch
 from circuitflow.capture.plan import context_length
 from circuitflow.memory import Estimate, dtype_bytes, estimate_forward, load_bytes, model_dtype
 from circuitflow.model import architectures
+from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.nodes import hook_name
-from circuitflow.perf import Work, forward_flops_per_token
+from circuitflow.perf import Work
 from circuitflow.perf import sae_training_flops_per_token as sae_flops
 from circuitflow.sae.plan import (
     SAE_NARROW_PER_ROW,
@@ -30,6 +31,7 @@ from circuitflow.sae.plan import (
     sae_width,
     training_batch,
 )
+from circuitflow.sites import dictionary_sites
 
 RULE = "train_sae_stream"
 
@@ -91,9 +93,7 @@ class StreamGroup:
 
 def stream_hooks(config: dict) -> list[tuple[str, int]]:
     """Every dictionary's (site, layer), by layer and then in the config's order of sites (a
-    transcoder's, mlp_out, last: config.dictionary_sites)."""
-    from circuitflow.config import dictionary_sites
-
+    transcoder's, mlp_out, last: sites.dictionary_sites)."""
     return [(site, layer) for layer in config["layers"] for site in dictionary_sites(config)]
 
 

@@ -15,7 +15,8 @@ import torch
 from circuitflow.attribution.plan import estimate_attribution
 from circuitflow.memory import load_bytes, n_prompts, n_transcoders, prompt_length
 from circuitflow.model import architectures
-from circuitflow.perf import Work, attribution_forward_flops_per_prompt
+from circuitflow.model.flops import attribution_forward_flops_per_prompt
+from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_param_bytes, sae_width
 
 # A row's forward and backward through the frozen model, per prompt copy: the logits and their

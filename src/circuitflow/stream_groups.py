@@ -1,7 +1,7 @@
 """Which sites and layers share a streaming SAE job (`sae.stream.layers_per_job`), fixed when the
-DAG is built: here rather than in sae.stream_plan because `auto` asks the rule table
-(circuitflow.resources, which imports every plan module) whether the job gets a GPU and how long
-its work takes on the profile's cluster."""
+DAG is built: beside the rule table rather than in sae.stream_plan because `auto` asks the rule
+table (circuitflow.resources, which imports every plan module) whether the job gets a GPU and
+how long its work takes on the profile's cluster, and a stage's floor is below the table's."""
 
 from __future__ import annotations
 
