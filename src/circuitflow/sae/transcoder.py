@@ -10,7 +10,8 @@ SAELens's training SAEs already have a transcoder's shapes: an MLP reads and wri
 d_in == d_out; the decoder bias is not subtracted from the input (it lives in the output space).
 
 Saved in SAELens's format as a transcoder (cfg.json `architecture`, `d_out`, metadata
-`hook_name` = the MLP's input hook and `hook_name_out` = its output hook, SAELens's own keys):
+`hook_name` = the MLP's input hook and `hook_name_out` = its output hook, SAELens's own keys),
+as the architecture's registry entry says (`Architecture.transcoder` in sae/architectures.py):
 standard -> `sae_lens.Transcoder` (ReLU); jumprelu and batchtopk -> `sae_lens.JumpReLUTranscoder`
 (BatchTopK's learned threshold, as SAELens saves BatchTopK SAEs as JumpReLU); topk ->
 `TopKTranscoder` below. SAELens has no TopK transcoder: ours subclasses `sae_lens.Transcoder` and
@@ -33,15 +34,8 @@ from safetensors.torch import save_file
 
 from circuitflow.capture.files import ActivationFileInfo
 from circuitflow.errors import ActivationFileError
+from circuitflow.sae import architectures
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
-
-# What each training architecture is saved as.
-INFERENCE_ARCHITECTURE = {
-    "topk": "topk_transcoder",
-    "batchtopk": "jumprelu_transcoder",
-    "jumprelu": "jumprelu_transcoder",
-    "standard": "transcoder",
-}
 
 
 # --- the TopK transcoder SAELens lacks ------------------------------------------------------------
@@ -151,7 +145,7 @@ def save_transcoder(sae: Any, path: Path | str, architecture: str) -> None:
     cfg = sae.cfg.get_inference_sae_cfg_dict()
     cfg.pop("rescale_acts_by_decoder_norm", None)  # a no-op on unit-norm rows
     cfg.update(
-        architecture=INFERENCE_ARCHITECTURE[architecture],
+        architecture=architectures.get(architecture).transcoder,
         d_out=int(state["W_dec"].shape[1]),
         apply_b_dec_to_input=False,
     )
