@@ -257,8 +257,8 @@ def test_real_model_offline_tokenizer_checks_tokens_at_validation(tiny_hf_model_
 
 DEFERRED = (
     "config note: behaviours.mine.path: answer and distractor tokens not checked now (no "
-    "tokenizer of gpt2 offline here); each prompts job checks them and stops on a bad row (run "
-    "`snakemake prefetch_model` first to check them now)"
+    "tokenizer of gpt2 offline here); each prompts job checks them and stops on a bad row (to "
+    "check them now, run `snakemake prefetch_model --configfile <your config>` first)"
 )
 
 

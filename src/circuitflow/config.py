@@ -274,7 +274,8 @@ def check_behaviours(
         notes.append(
             f"config note: {', '.join(deferred)}: answer and distractor tokens not checked now "
             f"(no tokenizer of {config['model']['name']} offline here); each prompts job checks "
-            "them and stops on a bad row (run `snakemake prefetch_model` first to check them now)"
+            "them and stops on a bad row (to check them now, run `snakemake prefetch_model "
+            "--configfile <your config>` first)"
         )
 
 
