@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from helpers.dag import REPO, run_snakemake
@@ -172,6 +174,67 @@ def test_snakemake_stops_on_bad_config_with_one_clear_line(tmp_path):
     output = done.stdout + done.stderr
     assert "config error: layers: layer 5 is outside the model; allowed layers: 0-1" in output
     assert not (tmp_path / "results").exists()
+
+
+# --- notes: what a valid config does only in part, one line each, printed by the dry run ------
+def notes_of(raw: dict, **kw) -> list[str]:
+    notes: list[str] = []
+    cf.resolve(raw, REPO, notes=notes, **kw)
+    return notes
+
+
+def test_prompt_graphs_without_transcoders_say_why_none_is_drawn():
+    """attribution.prompt_graphs set with sae.kind sae: no graph, and one line saying why; its
+    default (on) is not the user's asking, so a default run says nothing."""
+    assert notes_of({"attribution": {"prompt_graphs": 8}}) == [
+        "config note: attribution.prompt_graphs: 8 draws no per-prompt graph: the graphs are "
+        "drawn on transcoders and sae.kind is sae; set sae.kind both (SAEs and transcoders) or "
+        "transcoder"
+    ]
+    assert notes_of({}) == []
+    assert notes_of({"attribution": {"prompt_graphs": 0}}) == []
+    assert notes_of({"attribution": {"prompt_graphs": 8}, "sae": {"kind": "both"}}) == []
+    # Through Snakemake, the files it merged decide who set the key (not the merged config).
+    files = [REPO / "config" / "config.yaml"]
+    assert notes_of({"attribution": {"prompt_graphs": 8}}, config_files=files) == []
+    set_it = {"attribution": {"prompt_graphs": 8}}
+    assert len(notes_of(set_it, config_files=files, overrides=set_it)) == 1
+    # Published SAEs cannot be transcoders: the way to graphs is another run.
+    pretrained = cf.resolve({"sae": {"kind": "sae"}}, REPO)
+    pretrained["sae"]["source"] = "pretrained"
+    (line,) = cf.prompt_graph_notes(pretrained, 2, user_set=True)
+    assert line.endswith(
+        "sae.source pretrained loads SAEs only: train transcoders in a run of sae.source "
+        "capture or stream with sae.kind both"
+    )
+
+
+@pytest.mark.parametrize("kind, sites", [("both", ["resid_post"]), ("transcoder", ["mlp_out"])])
+def test_transcoders_at_some_layers_warn_that_the_other_mlps_are_whole_errors(kind, sites):
+    """The per-prompt graphs replace only the MLPs of `layers`: the others are error nodes
+    holding their whole output, which caps the replacement score: one line says so."""
+    arch = {"n_layers": 6, "n_heads": 4, "d_head": 16}
+    raw = {"embedded": {"architecture": arch}, "sites": sites, "sae": {"kind": kind}}
+    assert notes_of({**raw, "layers": "all"}) == []
+    assert notes_of({**raw, "layers": [0, 1, 3]}) == [
+        "config warning: layers: transcoders at layers 0-1, 3 of 6 only; the per-prompt graphs "
+        "(attribution.prompt_graphs) hold the MLPs of layers 2, 4-5 as whole error nodes, "
+        "which caps their replacement score: set layers: all to replace every MLP"
+    ]
+    assert notes_of({**raw, "layers": [0], "attribution": {"prompt_graphs": 0}}) == []
+
+
+def test_dry_run_prints_a_note_once(tmp_path):
+    """The notes reach the user through Snakemake's CLI, once (the main process only)."""
+    done = run_snakemake({"attribution": {"prompt_graphs": 8}}, tmp_path, "-n")
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "config note:" in ln]
+    assert lines == [
+        "config note: attribution.prompt_graphs: 8 draws no per-prompt graph: the graphs are "
+        "drawn on transcoders and sae.kind is sae; set sae.kind both (SAEs and transcoders) or "
+        "transcoder"
+    ]
+    assert re.search(r"(?m)^attribution\s+2$", done.stdout), done.stdout[-2000:]
+    assert not re.search(r"(?m)^prompt_graphs\s+\d+$", done.stdout)
 
 
 def test_ready_configs_for_real_models_resolve_offline():

@@ -250,7 +250,16 @@ def test_real_model_offline_tokenizer_checks_tokens_at_validation(tiny_hf_model_
         "'hol' + 'm'); it must be one token of the model's tokenizer"
     )
     raw["behaviours"]["mine"]["n_prompts"] = 2  # the rows used are checked, not the rest
-    assert cf.resolve(raw, tmp_path)["behaviours"]["mine"]["path"] == str(data)
+    notes: list[str] = []
+    assert cf.resolve(raw, tmp_path, notes=notes)["behaviours"]["mine"]["path"] == str(data)
+    assert notes == []  # the tokens were checked: nothing deferred
+
+
+DEFERRED = (
+    "config note: behaviours.mine.path: answer and distractor tokens not checked now (no "
+    "tokenizer of gpt2 offline here); each prompts job checks them and stops on a bad row (to "
+    "check them now, run `snakemake prefetch_model --configfile <your config>` first)"
+)
 
 
 def test_hub_model_not_cached_leaves_tokens_to_the_job_but_checks_columns(tmp_path):
@@ -264,7 +273,9 @@ def test_hub_model_not_cached_leaves_tokens_to_the_job_but_checks_columns(tmp_pa
         "behaviours": {"mine": {"source": "file", "path": str(data), "n_prompts": 3}},
     }
     assert cf.offline_tokenizer(cf.resolve({**raw, "behaviours": {"x": {"source": "ioi"}}})) is None
-    assert cf.resolve(raw)["behaviours"]["mine"]["path"] == str(data)
+    notes: list[str] = []
+    assert cf.resolve(raw, notes=notes)["behaviours"]["mine"]["path"] == str(data)
+    assert notes == [DEFERRED]
     write_rows(data, _drop("answer")(IOI_ROWS))
     with pytest.raises(cf.ConfigError, match=r"ioi\.csv: missing column\(s\) answer"):
         cf.resolve(raw)
@@ -335,3 +346,19 @@ def test_dry_run_resolves_a_relative_path_against_the_config_file(tmp_path):
     assert shell, done.stdout
     cfg = json.loads(shell[0].split("--config ", 1)[1].split("'")[1])
     assert cfg["behaviours"]["mine"]["path"] == str(data)
+
+
+def test_dry_run_says_once_that_the_token_checks_wait_for_the_job(tmp_path):
+    """No tokenizer offline and a multi-token answer (row 3): the dry run plans the jobs (exit
+    0) and says, once, that the prompts job checks the tokens."""
+    write_rows(tmp_path / "ioi.csv", IOI_ROWS)
+    model = {"name": "gpt2", "n_layers": 12, "hf_cache": str(tmp_path / "empty-cache")}
+    config = {
+        "model": model,
+        "capture": {"corpus": "corpus.txt"},
+        "behaviours": {"mine": {"source": "file", "path": "ioi.csv", "n_prompts": 3}},
+    }
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = run_snakemake(config, tmp_path, "-n", env=offline)
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "config note:" in ln]
+    assert lines == [DEFERRED]

@@ -33,6 +33,7 @@ from circuitflow.schema import (
     schema_defaults,
     typed,
 )
+from circuitflow.sites import trains_transcoders
 
 EMBEDDED = "embedded"
 __all__ = [
@@ -134,6 +135,17 @@ def _sets(data: Any, keys: tuple[str, ...]) -> bool:
     return data is not None
 
 
+def _read_all(config_files: Sequence[Path | str]) -> list[Any]:
+    """Each config file as parsed (None for one that cannot be read: it set nothing)."""
+    out = []
+    for file in config_files:
+        try:
+            out.append(yaml.safe_load(Path(file).read_text()))
+        except (OSError, yaml.YAMLError):
+            out.append(None)
+    return out
+
+
 def path_origin(
     keys: tuple[str, ...],
     base_dir: Path,
@@ -198,12 +210,15 @@ def check_behaviours(
     base_dir: Path,
     config_files: Sequence[Path | str] = (),
     overrides: Mapping | None = None,
+    notes: list[str] | None = None,
 ) -> None:
     """Behaviour sources against the model kind, and each `source: file` behaviour's file read
     as the prompts stage reads it: its `path` made absolute in `config` (a relative one against
     `path_origin`), then its columns, empty cells and row count and, where the model's tokenizer
     is at hand offline (`offline_tokenizer`), the prompts built from it (single-token answers
-    and distractors, corrupted twins). Every error names the key and the file as resolved."""
+    and distractors, corrupted twins). Every error names the key and the file as resolved.
+    Where there is no tokenizer, `notes` gets one line saying the prompts jobs check the
+    tokens instead."""
     from circuitflow.prompts import (
         PROMPT_FILE_SUFFIXES,
         SOURCES,
@@ -218,6 +233,7 @@ def check_behaviours(
     allowed = allowed_sources(embedded)
     kind = "the embedded model" if embedded else "a real model"
     encoders: list = []  # the model's Encoder, or None where offline there is none: built once
+    deferred = []  # the keys whose tokens the prompts job checks
     for name, spec in config["behaviours"].items():
         key = f"behaviours.{name}"
         source = spec["source"]
@@ -251,11 +267,19 @@ def check_behaviours(
                 encoders.append(Encoder(tokenizer) if tokenizer is not None else None)
             if encoders[0] is None:
                 read_prompt_file(path, n, n_key=n_key)
+                deferred.append(f"{key}.path")
             else:  # the prompts job's own work (its rng too), output discarded: milliseconds
                 rng = behaviour_rng(config["seed"], name)
                 file_prompts(path, encoders[0], rng, n, n_key=n_key)
         except ConfigError as err:
             raise ConfigError(f"{key}.path: {err}") from None
+    if deferred and notes is not None:
+        notes.append(
+            f"config note: {', '.join(deferred)}: answer and distractor tokens not checked now "
+            f"(no tokenizer of {config['model']['name']} offline here); each prompts job checks "
+            "them and stops on a bad row (to check them now, run `snakemake prefetch_model "
+            "--configfile <your config>` first)"
+        )
 
 
 def check_embedded(config: dict) -> None:
@@ -298,6 +322,49 @@ def model_dims(config: dict) -> dict[str, int]:
     return {name: value for name, value in dims.items() if value is not None}
 
 
+def layer_ranges(layers: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] as "0-2, 5, 7-8"."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def prompt_graph_notes(config: dict, n_layers: int, user_set: bool) -> list[str]:
+    """What the per-prompt graphs of a resolved config leave out, one line each: with no
+    transcoder to draw them on, none is drawn (said only where the user set
+    attribution.prompt_graphs: its default is on); with transcoders at some layers only, the
+    other layers' MLPs are whole error nodes in every graph."""
+    n_graphs = config["attribution"]["prompt_graphs"]
+    if not n_graphs:
+        return []
+    if not trains_transcoders(config):
+        if not user_set:
+            return []
+        fix = (
+            "sae.source pretrained loads SAEs only: train transcoders in a run of sae.source "
+            "capture or stream with sae.kind both"
+            if config["sae"]["source"] == "pretrained"
+            else "set sae.kind both (SAEs and transcoders) or transcoder"
+        )
+        return [
+            f"config note: attribution.prompt_graphs: {n_graphs} draws no per-prompt graph: "
+            f"the graphs are drawn on transcoders and sae.kind is sae; {fix}"
+        ]
+    missing = sorted(set(range(n_layers)) - set(config["layers"]))
+    if not missing:
+        return []
+    return [
+        f"config warning: layers: transcoders at layers {layer_ranges(config['layers'])} of "
+        f"{n_layers} only; the per-prompt graphs (attribution.prompt_graphs) hold the MLPs of "
+        f"layers {layer_ranges(missing)} as whole error nodes, which caps their replacement "
+        "score: set layers: all to replace every MLP"
+    ]
+
+
 def check_cross_fields(config: dict) -> None:
     """Values that are each valid alone but cannot work together, refused before any job runs
     (each would otherwise fail inside a job, minutes or hours in): each stage's own checks, in
@@ -317,20 +384,28 @@ def resolve(
     *,
     config_files: Sequence[Path | str] = (),
     overrides: Mapping | None = None,
+    notes: list[str] | None = None,
 ) -> dict:
     """Validate `config` and return it with defaults filled, `layers` as a list of ints and
     each prompt file's `path` absolute. `config_files` (in the order they were merged) and
     `overrides` (the command line's --config) say where each value came from: a relative path
     resolves against the folder of the config file that set it, else against `base_dir` (the
-    working directory)."""
-    config = copy.deepcopy(config)
+    working directory). `notes`, where given, gets a line for each thing the config does only
+    in part (checks left to a job, per-prompt graphs not drawn or partly replaced): the
+    Snakefile prints them once."""
+    raw, config = config, copy.deepcopy(config)
     validate_schema(config, schema_path)
     if is_embedded(config):
         check_embedded(config)
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
-    check_behaviours(config, Path(base_dir).absolute(), config_files, overrides)
+    check_behaviours(config, Path(base_dir).absolute(), config_files, overrides, notes)
     check_cross_fields(config)
+    if notes is not None:
+        # Who set prompt_graphs: the config files and --config, or a config given as it is.
+        given = [raw] if not config_files else [overrides, *_read_all(config_files)]
+        user_set = any(_sets(data, ("attribution", "prompt_graphs")) for data in given)
+        notes.extend(prompt_graph_notes(config, n_layers, user_set))
     from circuitflow.capture import config as capture_config
     from circuitflow.sae import config as sae_config
 

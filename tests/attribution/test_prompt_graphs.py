@@ -391,3 +391,43 @@ def test_predicted_ablations_are_the_linearised_model(setup, graph):
                                    pruned.node_influence, 5, 0.8)  # fmt: skip
     assert everything["faithfulness"] == pytest.approx(1.0)
     assert everything["metric_no_features"] != pytest.approx(graph.metric, abs=1e-2)
+
+
+def test_transcoders_at_some_layers_leave_the_other_mlps_whole_and_say_so(
+    tiny_hf_model_dir, tmp_path
+):
+    """The stage on transcoders of layer 0 only (a run of `layers: [0]` on a 2-layer model):
+    the graph holds layer 1's MLP as error nodes alone (no feature), and summary.json lists
+    that layer in `mlps_without_transcoders`."""
+    import pandas as pd
+
+    from circuitflow.attribution.prompt_graphs import stage
+    from circuitflow.io import write_json
+    from circuitflow.model.load import load_model, prefetch
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    write_json(model_dir / "model.json", prefetch(str(tiny_hf_model_dir)))
+    model = load_model(model_dir, "cpu", "float32")
+    assert model.cfg.n_layers == 2
+    random_transcoders(model, d_sae=48, k=4)[0].save_model(tmp_path / "tc0")
+    tokens = [0, *range(20, 29)]
+    prompts = pd.DataFrame({"prompt_id": [0], "clean_tokens": [tokens],
+                            "corrupted_tokens": [tokens[::-1]], "answer_id": [ANSWER],
+                            "distractor_id": [DISTRACTOR]})  # fmt: skip
+    prompts.to_parquet(tmp_path / "prompts.parquet")
+    config = {"device": "cpu", "model": {"name": str(tiny_hf_model_dir)},
+              "capture": {"exclude_bos": True},
+              "attribution": {"prompt_graphs": 1, "prompt_graph_validation_features": 2,
+                              "prompt_graph_node_threshold": 1.0,  # every node kept
+                              "prompt_graph_edge_threshold": 1.0}}  # fmt: skip
+    out = tmp_path / "prompt_graphs"
+    summary = stage.run(config, "b", tmp_path / "prompts.parquet", model_dir / "model.json",
+                        [tmp_path / "tc0"], out)  # fmt: skip
+    assert summary["mlps_without_transcoders"] == [1]
+    assert json.loads((out / "summary.json").read_text())["mlps_without_transcoders"] == [1]
+    graph = json.loads((out / "b-0.json").read_text())
+    layer_one = {n["feature_type"] for n in graph["nodes"] if str(n["layer"]) == "1"}
+    assert layer_one == {"mlp reconstruction error"}
+    assert any(n["feature_type"] == "cross layer transcoder" and str(n["layer"]) == "0"
+               for n in graph["nodes"])  # fmt: skip

@@ -15,7 +15,7 @@ from sae_lens.saes.sae import TrainStepInput
 
 from circuitflow.capture.files import read_activation_info
 from circuitflow.errors import ActivationFileError, ConfigError
-from circuitflow.sae.architectures import build_training_sae
+from circuitflow.sae.architectures import ARCHITECTURES, build_training_sae
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import load_eval_contexts
 from circuitflow.sae.fast import sparse_forward
@@ -123,26 +123,30 @@ def test_both_trainers_fit_the_mlp_output_as_a_dense_reference_does():
         torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-6 * scale, msg=name)
 
 
-@pytest.mark.parametrize(
-    "architecture, cls",
-    [
-        ("topk", TopKTranscoder),
-        ("standard", sae_lens.Transcoder),
-        ("jumprelu", sae_lens.JumpReLUTranscoder),
-        ("batchtopk", sae_lens.JumpReLUTranscoder),
-    ],
-)
-def test_saved_transcoder_computes_what_the_trained_one_does(tmp_path, architecture, cls):
-    """Each architecture loads as its SAELens class; outside BatchTopK (whose batch-level
+# The SAELens class each architecture's transcoder loads as (its registry entry's `transcoder`).
+LOADS_AS = {
+    "topk": TopKTranscoder,
+    "standard": sae_lens.Transcoder,
+    "jumprelu": sae_lens.JumpReLUTranscoder,
+    "batchtopk": sae_lens.JumpReLUTranscoder,
+}
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_saved_transcoder_computes_what_the_trained_one_does(tmp_path, architecture):
+    """Every registered architecture trains and saves as a transcoder that SAELens loads (an
+    architecture added to the registry is saved as its entry's `transcoder` says, so it is
+    checked here too), as the class named in LOADS_AS; outside BatchTopK (whose batch-level
     selection becomes a threshold, as SAELens saves BatchTopK SAEs) the loaded transcoder's
     output equals the training transcoder's own encode and decode."""
     tc = perturbed_transcoder(architecture).eval()
     if architecture == "jumprelu":
         with torch.no_grad():
             tc.threshold.fill_(0.3)
-    save_transcoder(tc, tmp_path, architecture)
+    save_transcoder(tc, tmp_path)
     loaded = SAE.load_from_disk(tmp_path)
-    assert type(loaded) is cls
+    assert isinstance(loaded, sae_lens.Transcoder), type(loaded)
+    assert type(loaded) is LOADS_AS.get(architecture, type(loaded))
     if architecture == "batchtopk":
         return
     x = 2 * torch.randn(64, D_MODEL, generator=torch.Generator().manual_seed(2))
@@ -151,6 +155,20 @@ def test_saved_transcoder_computes_what_the_trained_one_does(tmp_path, architect
         got = loaded(x)
     assert (loaded.encode(x) != 0).sum(-1).float().mean() > 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_new_architecture_saves_its_transcoders_as_its_entry_says(tmp_path, monkeypatch):
+    """An architecture added to the registry alone (no other table to edit: docs/extending.md's
+    recipe) trains and saves a transcoder: save_transcoder reads its entry's `transcoder`."""
+    import dataclasses
+
+    from circuitflow.sae import architectures
+
+    entry = dataclasses.replace(ARCHITECTURES["standard"])
+    monkeypatch.setitem(architectures.ARCHITECTURES, "relu_copy", entry)
+    tc = perturbed_transcoder("relu_copy").eval()
+    save_transcoder(tc, tmp_path)
+    assert type(SAE.load_from_disk(tmp_path)) is sae_lens.Transcoder
 
 
 def test_unpaired_files_are_refused_in_one_line(tmp_path):

@@ -16,16 +16,24 @@ try:
     # that need the model; a bad value stops here with one line naming the key. A relative
     # prompt file path resolves against the folder of the config file that set it (--config:
     # the working directory) and is stored absolute, so every job reads that same file.
+    CONFIG_NOTES = []
     config.update(
         cf_config.resolve(
             config,
             base_dir=Path.cwd(),
             config_files=workflow.configfiles,
             overrides=workflow.config_settings.config,
+            notes=CONFIG_NOTES,
         )
     )
 except cf_config.ConfigError as err:
     raise WorkflowError(f"config error: {err}") from None
+
+# What the config does only in part (token checks left to the jobs, per-prompt graphs not drawn
+# or with MLPs left whole): one line each, once (jobs re-read this file: not there).
+if workflow.is_main_process:
+    for note in CONFIG_NOTES:
+        logger.warning(note)
 
 
 # Before the first job: jobs call the `python` on PATH (stage() below), which need not be the

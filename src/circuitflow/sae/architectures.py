@@ -1,7 +1,8 @@
 """The SAE architectures the train_sae stage can train: one registry entry each.
 
 An entry says how to build SAELens's training SAE from the `sae:` config, which sparsity
-coefficient (if any) the PI controller steers, how much memory a training row needs, and whether
+coefficient (if any) the PI controller steers, how much memory a training row needs, which
+SAELens architecture a transcoder of it is saved as (sae.kind transcoder or both), and whether
 the fast sparse trainer (sae.fast) can train it.
 Adding an architecture is one entry here and one value in the schema's `sae.architecture` enum
 (tests/sae check that the two agree).
@@ -24,6 +25,9 @@ class Architecture:
     # counted for SAELens 6.54's training forward, losses (TopK's auxiliary loss on dead latents
     # included), backward and the trainer's firing statistics, on CPU by tests/memory.
     wide_per_row: float
+    # SAELens's architecture name (cfg.json `architecture`, a class in SAELens's registry) a
+    # transcoder of this architecture is saved and loaded as (sae/transcoder.py).
+    transcoder: str
     # The same for sae.fast's sparse trainer: its dense pre-activations and scores, topk's and
     # BatchTopK's temporaries, the AuxK candidates (most latents dead) and the selected entries
     # at d_sae = 32 d_in, measured by tests/helpers/memory_probe.py. None where that trainer
@@ -76,10 +80,14 @@ def _standard(cfg, common):
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "topk": Architecture(_topk, None, 11.0, sparse_wide_per_row=3.1),
-    "batchtopk": Architecture(_batchtopk, None, 12.0, sparse_wide_per_row=6.8),
-    "jumprelu": Architecture(_jumprelu, "l0", 9.5),
-    "standard": Architecture(_standard, "l1", 8.5),
+    # SAELens has no TopK transcoder: sae/transcoder.py registers ours. BatchTopK is saved with
+    # its learned threshold, as SAELens saves BatchTopK SAEs as JumpReLU.
+    "topk": Architecture(_topk, None, 11.0, "topk_transcoder", sparse_wide_per_row=3.1),
+    "batchtopk": Architecture(
+        _batchtopk, None, 12.0, "jumprelu_transcoder", sparse_wide_per_row=6.8
+    ),
+    "jumprelu": Architecture(_jumprelu, "l0", 9.5, "jumprelu_transcoder"),
+    "standard": Architecture(_standard, "l1", 8.5, "transcoder"),
 }
 
 
@@ -110,4 +118,4 @@ def build_training_sae(cfg, d_in: int, hook_name: str, device: str, hook_name_ou
         return get(cfg.architecture).build(cfg, common)
     # A transcoder's decoder bias lives in the output's space: nothing to centre the input by.
     sae = get(cfg.architecture).build(cfg, common | {"apply_b_dec_to_input": False})
-    return as_training_transcoder(sae, hook_name, hook_name_out)
+    return as_training_transcoder(sae, hook_name, hook_name_out, get(cfg.architecture).transcoder)

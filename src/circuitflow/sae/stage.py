@@ -319,7 +319,7 @@ def train_sae(
     run = train(cfg, inputs, device, ckpt_root, fp, state, tensors)
     # Save, reload from disk and evaluate the artifact exactly as downstream stages will see it.
     with atomic_dir(out_dir) as tmp:
-        save_dictionary(run.trainer.sae, tmp, cfg.architecture)
+        save_dictionary(run.trainer.sae, tmp)
         saved = SAE.load_from_disk(tmp, device=device)
         metrics = summarise(run, saved, cfg, inputs, device, model)
         write_json(tmp / "metrics.json", metrics)

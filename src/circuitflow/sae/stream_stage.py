@@ -479,7 +479,7 @@ def train_stream_group(
     for hook, member, out in zip(group.hooks, members, outs, strict=True):
         # Save, reload from disk and evaluate the artifact exactly as downstream stages see it.
         with atomic_dir(out) as tmp:
-            save_dictionary(run.trainer.trainers[hook].sae, tmp, cfg.architecture)
+            save_dictionary(run.trainer.trainers[hook].sae, tmp)
             saved = SAE.load_from_disk(tmp, device=device)
             metrics = summarise(run, hook, member, saved, cfg, src, p, group, device, hooked)
             write_json(tmp / "metrics.json", metrics)

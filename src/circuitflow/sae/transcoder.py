@@ -10,7 +10,8 @@ SAELens's training SAEs already have a transcoder's shapes: an MLP reads and wri
 d_in == d_out; the decoder bias is not subtracted from the input (it lives in the output space).
 
 Saved in SAELens's format as a transcoder (cfg.json `architecture`, `d_out`, metadata
-`hook_name` = the MLP's input hook and `hook_name_out` = its output hook, SAELens's own keys):
+`hook_name` = the MLP's input hook and `hook_name_out` = its output hook, SAELens's own keys),
+as the architecture's registry entry says (`Architecture.transcoder` in sae/architectures.py):
 standard -> `sae_lens.Transcoder` (ReLU); jumprelu and batchtopk -> `sae_lens.JumpReLUTranscoder`
 (BatchTopK's learned threshold, as SAELens saves BatchTopK SAEs as JumpReLU); topk ->
 `TopKTranscoder` below. SAELens has no TopK transcoder: ours subclasses `sae_lens.Transcoder` and
@@ -34,14 +35,6 @@ from safetensors.torch import save_file
 from circuitflow.capture.files import ActivationFileInfo
 from circuitflow.errors import ActivationFileError
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
-
-# What each training architecture is saved as.
-INFERENCE_ARCHITECTURE = {
-    "topk": "topk_transcoder",
-    "batchtopk": "jumprelu_transcoder",
-    "jumprelu": "jumprelu_transcoder",
-    "standard": "transcoder",
-}
 
 
 # --- the TopK transcoder SAELens lacks ------------------------------------------------------------
@@ -124,13 +117,16 @@ def _transcoder_forward_pass(sae: Any, step_input: TrainStepInput) -> TrainStepO
     )
 
 
-def as_training_transcoder(sae: Any, hook_in: str, hook_out_name: str) -> Any:
+def as_training_transcoder(sae: Any, hook_in: str, hook_out_name: str, saved_as: str) -> Any:
     """SAELens's training SAE `sae` (built with apply_b_dec_to_input false) trained as a
-    transcoder from `hook_in` to `hook_out_name`."""
+    transcoder from `hook_in` to `hook_out_name`, saved as SAELens's architecture `saved_as`
+    (its registry entry's `transcoder`: the caller reads the registry, so this module does not
+    import it)."""
     if sae.cfg.apply_b_dec_to_input:
         raise ValueError("a transcoder's decoder bias is in the output space: build it with "
                          "apply_b_dec_to_input false")  # fmt: skip
     sae.is_training_transcoder = True
+    sae.saved_as = saved_as
     sae.cfg.metadata.hook_name = hook_in
     sae.cfg.metadata.hook_name_out = hook_out_name
     # An instance attribute, as sae.fast's compile option sets it: the class stays SAELens's.
@@ -139,7 +135,7 @@ def as_training_transcoder(sae: Any, hook_in: str, hook_out_name: str) -> Any:
 
 
 @torch.no_grad()
-def save_transcoder(sae: Any, path: Path | str, architecture: str) -> None:
+def save_transcoder(sae: Any, path: Path | str) -> None:
     """Write training transcoder `sae` to `path` in SAELens's format (see the module's doc)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -151,7 +147,7 @@ def save_transcoder(sae: Any, path: Path | str, architecture: str) -> None:
     cfg = sae.cfg.get_inference_sae_cfg_dict()
     cfg.pop("rescale_acts_by_decoder_norm", None)  # a no-op on unit-norm rows
     cfg.update(
-        architecture=INFERENCE_ARCHITECTURE[architecture],
+        architecture=sae.saved_as,
         d_out=int(state["W_dec"].shape[1]),
         apply_b_dec_to_input=False,
     )
@@ -159,11 +155,11 @@ def save_transcoder(sae: Any, path: Path | str, architecture: str) -> None:
     (path / "cfg.json").write_text(json.dumps(cfg))
 
 
-def save_dictionary(sae: Any, path: Path | str, architecture: str) -> None:
+def save_dictionary(sae: Any, path: Path | str) -> None:
     """A trained dictionary in SAELens's format: a transcoder as save_transcoder writes it, an
     SAE as SAELens's save_inference_model does."""
     if is_transcoder(sae):
-        save_transcoder(sae, path, architecture)
+        save_transcoder(sae, path)
     else:
         sae.save_inference_model(path)
 

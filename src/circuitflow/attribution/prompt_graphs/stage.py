@@ -148,6 +148,13 @@ def run(
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = getattr(model, "tokenizer", None)
+    # Layers outside `layers` have no transcoder: their MLPs are whole error nodes in every graph.
+    whole = sorted(set(range(model.cfg.n_layers)) - set(transcoders))
+    if whole:
+        log.warning(
+            "the MLPs of layers %s have no transcoder: each graph holds their whole output as "
+            "error nodes (mlps_without_transcoders in summary.json)", whole,
+        )  # fmt: skip
     skip_bos = bool(config["capture"]["exclude_bos"])
     scan = config["model"]["name"]
     names = [str(Path(d)) for d in transcoder_dirs]
@@ -239,6 +246,7 @@ def run(
             "faithfulness_mean": _mean([r["validation"] for r in rows], "faithfulness"),
             "validation_spearman_mean": _mean([r["validation"] for r in rows], "spearman"),
             "validation_flagged": [r["slug"] for r in rows if r["validation"]["passed"] is False],
+            "mlps_without_transcoders": whole,
             "settings": {
                 "node_threshold": cfg.prompt_graph_node_threshold,
                 "edge_threshold": cfg.prompt_graph_edge_threshold,
