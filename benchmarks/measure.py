@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -49,72 +50,31 @@ RESULTS = REPO / "benchmarks" / "results"
 class Step:
     name: str
     script: str
-    cuda_args: tuple[str, ...]
-    cpu_args: tuple[str, ...]
+    cuda_args: str  # the benchmark's own options, on a GPU
+    cpu_args: str  # at smoke sizes (--device cpu)
     share: float  # of the whole budget, when every step runs
     out_flag: str = "--json"
 
 
 STEPS = (
-    Step(
-        "gpu_suite",
-        "gpu_suite.py",
-        ("--capture-tokens", "131072", "--sae-steps", "40", "--prompts", "128"),
-        ("--small", "--models", "gpt2-small"),
-        0.25,
-        out_flag="--out",
-    ),
-    Step(
-        "sae_train",
-        "sae_train.py",
-        ("--sizes", "gpt2", "--steps", "100", "--rounds", "3"),
-        ("--sizes", "small", "--steps", "6", "--rounds", "1"),
-        0.12,
-    ),
-    Step(
-        "sae_stream",
-        "sae_stream.py",
-        ("--tokens", "131072", "--batch", "4096", "--rounds", "2"),
-        (
-            "--layers",
-            "2",
-            "--tokens",
-            "1024",
-            "--batch",
-            "128",
-            "--rounds",
-            "1",
-            "--eval-contexts",
-            "2",
-            "--expansion",
-            "1",
-            "--k",
-            "4",
-        ),
-        0.18,
-    ),  # fmt: skip
-    Step(
-        "prompt_graphs",
-        "prompt_graphs.py",
-        ("--max-feature-nodes", "4096", "--expansion", "32"),
-        (
-            "--positions",
-            "4",
-            "--expansion",
-            "1",
-            "--k",
-            "2",
-            "--max-feature-nodes",
-            "8",
-            "--batch",
-            "16",
-            "--n-layers",
-            "2",
-        ),
-        0.12,
-    ),  # fmt: skip
-    Step("scale", "scale.py", ("--reduced",), ("--dry-run",), 0.33, out_flag="--out"),
-)
+    Step("gpu_suite", "gpu_suite.py",
+         "--capture-tokens 65536 --sae-steps 40 --prompts 64",
+         "--small --models gpt2-small", 0.17, out_flag="--out"),
+    Step("sae_train", "sae_train.py",
+         "--sizes gpt2 --steps 100 --rounds 3",
+         "--sizes small --steps 6 --rounds 1", 0.08),
+    Step("sae_stream", "sae_stream.py",
+         "--tokens 65536 --batch 4096 --rounds 2",
+         "--layers 2 --tokens 1024 --batch 128 --rounds 1 --eval-contexts 2 --expansion 1 --k 4",
+         0.12),
+    Step("prompt_graphs", "prompt_graphs.py",
+         "--max-feature-nodes 4096 --expansion 32",
+         "--positions 4 --expansion 1 --k 2 --max-feature-nodes 8 --batch 16 --n-layers 2",
+         0.08),
+    # The whole DAG, ~24 jobs, its 9 GPU jobs one at a time (~15 s of start-up each): about
+    # 300 s on an H200 (2026-11-27), so it gets the largest share.
+    Step("scale", "scale.py", "--reduced", "--dry-run", 0.55, out_flag="--out"),
+)  # fmt: skip
 STEP_NAMES = [s.name for s in STEPS]
 
 
@@ -168,7 +128,7 @@ def result_name(step: str, device: str, env: dict) -> str:
 
 def run_step(step: Step, device: str, out: Path, seconds: float, log_dir: Path) -> dict:
     """Run one benchmark in its own process for at most `seconds`; its figures land in `out`."""
-    args = step.cuda_args if device.startswith("cuda") else step.cpu_args
+    args = shlex.split(step.cuda_args if device.startswith("cuda") else step.cpu_args)
     cmd = [sys.executable, str(REPO / "benchmarks" / step.script), *args, step.out_flag, str(out)]
     if step.name != "scale":
         cmd += ["--device", device]

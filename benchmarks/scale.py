@@ -129,10 +129,20 @@ def snakemake(config_file: Path, cores: int, gpus: int, dry_run: bool = False) -
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
     log = config_file.parent / "snakemake.log"
     t0 = time.perf_counter()
-    with log.open("w") as f:
-        done = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if done.returncode != 0:
-        sys.exit(f"snakemake failed ({done.returncode}); see {log}")
+    # The whole log to the file; the progress lines also here, so a run cut short (as
+    # benchmarks/measure.py cuts a step at its share of the time) shows how far it got.
+    with (
+        log.open("w") as f,
+        subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+        ) as p,
+    ):
+        for line in p.stdout:
+            f.write(line)
+            if " steps (" in line or line.startswith(("Finished jobid", "Error in rule")):
+                print(f"{time.perf_counter() - t0:6.0f} s  {line.rstrip()}", flush=True)
+    if p.returncode != 0:
+        sys.exit(f"snakemake failed ({p.returncode}); see {log}")
     return time.perf_counter() - t0
 
 

@@ -68,6 +68,8 @@ def test_retries_get_more_memory_and_walltime_within_the_cap():
     big["sae"] = {**big["sae"], "total_tokens": 10**10}
     sl3 = Cluster(max_runtime=720)
     assert resources.runtime(big, "train_sae", 3, sl3) == 720
+    # Its attempts cover its work: 10^10 tokens need more than SL3's default retries.
+    assert resources.retries(big, "train_sae", sl3) > sl3.resumable_retries
     # A job that resumes from checkpoints starts with a few hours at most and grows on retries.
     first = resources.runtime(big, "train_sae", 1)
     assert first == Cluster().resumable_max_runtime
@@ -137,9 +139,6 @@ def test_first_attempts_of_the_ready_configs_fit_their_work(name):
     config = cf_config.load(READY[name])
     cluster = csd3_cluster()
     assert cluster.gpu_type == "A100" and cluster.max_runtime == 2160
-    attempts = (
-        1 + yaml.safe_load((REPO / "profiles" / "csd3" / "config.yaml").read_text())["retries"]
-    )
     projected = gpu_hours.estimate(gpu_hours.load_suite(SUITE), config).set_index("stage")
     prompts = {b: spec["n_prompts"] for b, spec in config["behaviours"].items()}
     groups = stream_groups.stream_groups(config, cluster)
@@ -154,6 +153,7 @@ def test_first_attempts_of_the_ready_configs_fit_their_work(name):
             own = row["gpu_hours"] * share * 60
             assert minutes <= 6 * 60, (rule, job, minutes)
             if resources.RULES[rule].resumable:
+                attempts = 1 + resources.retries(config, rule, cluster, job)
                 minutes = sum(resources.runtime(config, rule, a, cluster, job)
                               for a in range(1, attempts + 1))  # fmt: skip
             assert minutes >= 3 * own, (rule, job, minutes, own)
@@ -252,3 +252,71 @@ def test_job_plans_honour_the_model_dtype():
 def test_an_unknown_gpu_type_is_refused():
     with pytest.raises(ConfigError, match="gpu_type: 'B300'.*allowed values: A100, H100"):
         Cluster.from_profile({"gpu_type": "'B300'"})
+
+
+RESUMABLE = [name for name, rule in resources.RULES.items() if rule.resumable]
+
+
+def jobs_of(config: dict, rule: str, cluster: Cluster) -> list[str | None]:
+    from circuitflow import stream_groups
+
+    if rule == "train_sae_stream":
+        if config["sae"]["source"] != "stream":
+            return []
+        return [g.key for g in stream_groups.stream_groups(config, cluster)]
+    return [None]
+
+
+@pytest.mark.parametrize("kind", [None, "both"])
+@pytest.mark.parametrize("name", sorted([*READY, "gpt2-small-res-jb"]))
+def test_resumable_attempts_cover_their_planned_work(name, kind):
+    """On the CSD3 profile every job that resumes from checkpoints gets enough attempts (its
+    retries) that their walltimes, each less its start-up, add up to its planned work: the
+    streaming jobs of 30 hours got 4 + 8 + 12 hours before (issue 40). Where walltime is not
+    capped (a workstation) the profile's retries stand."""
+    config = cf_config.load(REPO / "config" / f"{name}.yaml")
+    if kind and config["sae"]["source"] != "pretrained":
+        config["sae"]["kind"] = kind
+        config = cf_config.resolve(config)
+    cluster = csd3_cluster()
+    checked = 0
+    for rule in RESUMABLE:
+        for job in jobs_of(config, rule, cluster):
+            work = resources.work_seconds(config, rule, cluster, job) / 60
+            n = 1 + resources.retries(config, rule, cluster, job)
+            walltimes = [resources.runtime(config, rule, a, cluster, job) for a in range(1, n + 1)]
+            assert all(w <= cluster.max_runtime for w in walltimes)
+            assert sum(w - cluster.startup_minutes for w in walltimes) >= work, (rule, job)
+            assert n >= 1 + cluster.resumable_retries
+            checked += 1
+        assert resources.retries(config, rule, Cluster()) is None
+    assert checked >= 2
+
+
+def test_walltimes_read_the_rates_measured_on_the_profiles_gpu(tmp_path):
+    """A profile whose gpu_type the GPU suite measured (benchmarks/results/
+    gpu_suite-nvidia-h200-cuda.json) plans each GPU job's FLOPs at measured_rate_percent of the
+    rate its stage reached there; an unmeasured gpu_type keeps the datasheet share."""
+    import json
+
+    from circuitflow import measured
+
+    config = cf_config.load(READY["gpt2-small"])
+    path = REPO / "benchmarks" / "results" / "gpu_suite-nvidia-h200-cuda.json"
+    suite = json.loads(path.read_text())
+    rate = {(r["model"], r["stage"]): r["achieved_flops"] for r in suite["results"]
+            if r["stage"] != "sae_train"}  # fmt: skip
+    h200 = Cluster(gpu_type="H200", startup_minutes=0)
+    for rule, stage in (("attribution", "attribution"), ("baseline", "forward")):
+        behaviour = next(iter(config["behaviours"]))
+        work = resources.job_work(config, rule, behaviour)
+        want = sum(work.flops.values()) / (rate["gpt2-small", stage] * 0.5)
+        want += work.disk_bytes / (h200.disk_mb_per_s * 1e6) + work.other_seconds
+        got = resources.work_seconds(config, rule, h200, behaviour)
+        assert got == pytest.approx(want, rel=1e-9), rule
+        # The datasheet plan, for comparison: what an unmeasured GPU type gets.
+        h100 = Cluster(gpu_type="H100", startup_minutes=0)
+        assert resources.measured_rates(config, rule, h100) is None
+    # A result file for another GPU, or a smoke run, is not read.
+    (tmp_path / "gpu_suite-x-cuda.json").write_text(json.dumps({**suite, "mode": "small"}))
+    assert measured.rule_rates("H200", "attribution", "gpt2-small", tmp_path) is None

@@ -54,11 +54,17 @@ class Cluster:
     gpu_type: str = "A100"  # a key of perf.NOMINAL_PEAK_FLOPS: walltimes and the report's hours
     # How walltimes are planned (circuitflow.resources.runtime).
     gpu_peak_percent: int = 5
+    # Where the GPU suite measured the profile's gpu_type (circuitflow.measured): the share of
+    # each stage's measured rate a walltime plans for (jobs share nodes, sizes differ).
+    measured_rate_percent: int = 50
     cpu_core_peak_gflops: int = 50  # fp32 per core, jobs without a GPU (AVX-512 at ~3 GHz: 96)
     disk_mb_per_s: int = 50  # activation files written or read (Lustre under load)
     startup_minutes: int = 10  # imports, loading the model and SAEs, CUDA start
     resumable_max_runtime: int = 240  # minutes: first attempt of a job that resumes
     max_runtime: int | None = None  # minutes: the cluster's limit (every attempt)
+    # Retries of a job that resumes from checkpoints where walltime is capped: at least this
+    # many, more where its attempts would not cover its planned work (resources.retries).
+    resumable_retries: int = 2
     # The environment variable the accounts are built from (`${CSD3_ACCOUNT}-CPU`), if any.
     account_variable: str | None = None
 
@@ -83,6 +89,10 @@ class Cluster:
     @property
     def peak_share(self) -> float:
         return self.gpu_peak_percent / 100
+
+    @property
+    def measured_share(self) -> float:
+        return self.measured_rate_percent / 100
 
     def gpu_job_account(self) -> str | None:
         return self.gpu_account or self.slurm_account

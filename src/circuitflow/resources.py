@@ -26,13 +26,14 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from circuitflow import baseline, perf
+from circuitflow import baseline, measured, perf
 from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
 from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
+from circuitflow.model import architectures
 from circuitflow.model import plan as model_plan
 from circuitflow.sae import plan as sae_plan
 from circuitflow.sae import pretrained_plan, stream_plan
@@ -170,17 +171,33 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> perf.Work
     return entry.plan.job_work(config, rule, behaviour) if entry.plan else None
 
 
+def measured_rates(config: dict, rule: str, cluster: Cluster) -> dict[str, float] | None:
+    """FLOP/s by dtype that the GPU suite measured for this rule's stage on the cluster's GPU
+    type (circuitflow.measured), or None where nothing was measured: the rule gets no GPU,
+    no suite result names that GPU, or the rule's stage is not in it."""
+    if not gpus(config, rule):
+        return None
+    key = architectures.architecture_key(config["model"]["name"])
+    return measured.rule_rates(cluster.gpu_type, rule, key)
+
+
 def work_seconds(config: dict, rule: str, cluster: Cluster, behaviour: str | None = None) -> float:
-    """Seconds of a job's counted work at `cluster.peak_share` of its device's peak (the
-    cluster's GPU where the rule gets one, else its threads' cores), the disk at
-    `cluster.disk_mb_per_s`, plus the work that is neither; start-up not included."""
+    """Seconds of a job's counted work, plus the disk at `cluster.disk_mb_per_s` and the work
+    that is neither; start-up not included. The FLOPs run at `cluster.measured_share` of the
+    rate the GPU suite measured for the rule's stage on the cluster's GPU type where one was
+    measured (measured_rates), else at `cluster.peak_share` of the device's datasheet peak
+    (the cluster's GPU where the rule gets one, else its threads' cores)."""
     work = job_work(config, rule, behaviour)
     if work is None:
         return 0.0
     gpu = gpus(config, rule)
     peaks = perf.NOMINAL_PEAK_FLOPS[cluster.gpu_type]
+    rates = measured_rates(config, rule, cluster)
     seconds = work.disk_bytes / (cluster.disk_mb_per_s * 1e6) + work.other_seconds
     for dtype, flops in work.flops.items():
+        if rates:
+            seconds += flops / (rates.get(dtype, rates["*"]) * cluster.measured_share)
+            continue
         if gpu:  # a dtype the GPU has no peak for (bf16 on a T4) runs at its float16 rate
             peak = peaks.get(dtype) or peaks.get("float16") or peaks["float32"]
         else:
@@ -210,6 +227,26 @@ def runtime(
             minutes = min(minutes, cluster.resumable_max_runtime)
     minutes *= attempt
     return min(minutes, cluster.max_runtime) if cluster.max_runtime else minutes
+
+
+# A job that cannot cover its work in this many attempts is refused by the plan instead.
+MAX_ATTEMPTS = 20
+
+
+def retries(config: dict, rule: str, cluster: Cluster, job: str | None = None) -> int | None:
+    """Retries of a job that resumes from its checkpoints where the cluster caps walltime
+    (`max_runtime`): `cluster.resumable_retries`, or more where its attempts would not cover
+    its planned work otherwise (each attempt's walltime, runtime, less its start-up counts
+    towards the work: the rest is saved in checkpoints). None (the profile's `retries`) for
+    other rules and where walltime is not capped."""
+    if not rule_of(rule).resumable or not cluster.max_runtime:
+        return None
+    work = work_seconds(config, rule, cluster, job) / 60
+    covered, attempt = 0.0, 0
+    while covered < work and attempt < MAX_ATTEMPTS:
+        attempt += 1
+        covered += runtime(config, rule, attempt, cluster, job) - cluster.startup_minutes
+    return max(cluster.resumable_retries, attempt - 1)
 
 
 # Tables, figures, logs, prompts and the embedded model's weights: a run's small files.

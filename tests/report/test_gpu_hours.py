@@ -131,3 +131,18 @@ def test_stored_cpu_result_gives_the_readme_gpu_hours():
     assert suite["mode"] != "small" and suite["device"]["type"] == "cpu"
     frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN))
     assert _readme_block("gpu-hours") == gpu_hours.markdown(frame)
+
+
+H200_RESULT = REPO / "benchmarks" / "results" / "gpu_suite-nvidia-h200-cuda.json"
+
+
+@pytest.mark.parametrize(("block", "gpu"), [("gpu-hours-h200", "H200"),
+                                            ("gpu-hours-h200-a100", "A100")])  # fmt: skip
+def test_stored_h200_result_gives_the_measured_gpu_hours(block, gpu):
+    """docs/csd3.md's tables from the suite run on an H200 (benchmarks/measure.py): measured
+    H200-hours, and the A100-hours projected from them."""
+    suite = gpu_hours.load_suite(H200_RESULT)
+    assert suite["mode"] == "full" and "H200" in suite["device"]["name"]
+    assert gpu_hours.measured_on(suite, "H200") and not gpu_hours.measured_on(suite, "A100")
+    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN), gpu=gpu)
+    assert _readme_block(block) == gpu_hours.markdown(frame)

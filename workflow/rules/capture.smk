@@ -79,6 +79,7 @@ if SAE_SOURCE == "capture" and SHARDS == 1:
             f"{OUT}/logs/capture.log",
         benchmark:
             f"{OUT}/benchmarks/capture.tsv"
+        retries: job_retries("capture")
         conda:
             "../../envs/circuitflow.yaml"
         envmodules:
@@ -112,6 +113,7 @@ elif SAE_SOURCE == "capture":
             f"{OUT}/logs/capture/shard_{{shard}}.log",
         benchmark:
             f"{OUT}/benchmarks/capture/shard_{{shard}}.tsv"
+        retries: job_retries("capture_shard")
         conda:
             "../../envs/circuitflow.yaml"
         envmodules:

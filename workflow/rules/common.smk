@@ -249,6 +249,13 @@ def job_resources(rule, job=None):
     return res
 
 
+def job_retries(rule, job=None):
+    """retries: of a job that resumes from checkpoints on a cluster that caps walltime: as
+    many as its attempts need to cover its planned work (circuitflow.resources.retries); None
+    (the profile's) elsewhere."""
+    return cf_resources.retries(config, rule, CLUSTER, job)
+
+
 def job_threads(rule):
     """threads: of `rule` (on Slurm, --cpus-per-task, or --cpus-per-gpu for GPU jobs)."""
     return cf_resources.threads(config, rule, CLUSTER)

@@ -17,6 +17,7 @@ if SAE_SOURCE == "capture":
             f"{OUT}/logs/train_sae/{{site}}_layer_{{layer}}.log",
         benchmark:
             f"{OUT}/benchmarks/train_sae/{{site}}_layer_{{layer}}.tsv"
+        retries: job_retries("train_sae")
         conda:
             "../../envs/circuitflow.yaml"
         envmodules:
@@ -97,6 +98,7 @@ if SAE_SOURCE == "stream":
                 f"{OUT}/logs/train_sae_stream/{group.name}.log",
             benchmark:
                 f"{OUT}/benchmarks/train_sae_stream/{group.name}.tsv"
+            retries: job_retries("train_sae_stream", group.key)
             conda:
                 "../../envs/circuitflow.yaml"
             envmodules:
