@@ -37,6 +37,12 @@ def run() -> None:
     cli.add_inputs(p, "config", config="this run's resolved config (JSON or YAML)")
     p.add_argument("--reference-config", required=True, help="e.g. config/qwen2.5-0.5b.yaml")
     p.add_argument("--gpu", default="A100", help="GPU the hours are for (the profile's gpu_type)")
+    p.add_argument(
+        "--max-runtime",
+        type=int,
+        default=0,
+        help="the profile's walltime cap in minutes (0: none): it splits streaming jobs",
+    )
     cli.add_outputs(p, "csv", "html")
     p = sub.add_parser("job_costs", help="cost of every job from Snakemake's benchmark files")
     cli.add_inputs(p, "config")
@@ -57,7 +63,9 @@ def run() -> None:
     elif a.command == "provenance":
         stage.provenance(a.provenance_dir, a.out_html)
     elif a.command == "gpu_hours":
-        stage.gpu_hours(a.suite, config, a.reference_config, a.out_csv, a.out_html, a.gpu)
+        stage.gpu_hours(
+            a.suite, config, a.reference_config, a.out_csv, a.out_html, a.gpu, a.max_runtime or None
+        )
     else:
         stage.job_costs(config, a.outdir, a.environment, a.out_csv, a.out_html, a.out_figure)
 

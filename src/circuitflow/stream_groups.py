@@ -14,18 +14,22 @@ from circuitflow.sae.stream_plan import RULE, StreamGroup, group_bytes, split, s
 FRACTION = 0.8  # of a GPU's memory a job is planned into (as sae.batch_size auto plans)
 
 
-def layers_per_job(config: dict, cluster=None) -> int:
+def layers_per_job(config: dict, cluster=None, on_gpu: bool | None = None) -> int:
     """`sae.stream.layers_per_job`, `auto` resolved: one for the embedded model and on the CPU;
     on a GPU the most whose job the memory plan fits in FRACTION of the cluster's GPU
     (`gpu_type`, perf.GPU_MEMORY_BYTES) and, where the cluster caps walltime (`max_runtime`),
-    whose counted work fits that cap. ConfigError when not even one fits the GPU."""
+    whose counted work fits that cap. ConfigError when not even one fits the GPU. `on_gpu`:
+    whether the jobs get a GPU (None: jobs_get_a_gpu decides; the GPU-hours estimate says
+    True)."""
     spec = config["sae"]["stream"]["layers_per_job"]
     members = stream_hooks(config)
     if spec != "auto":
         return min(int(spec), len(members))
-    if config["model"]["name"] == "embedded" or not resources.gpus(config, RULE):
-        return 1
     cluster = cluster or Cluster()
+    if on_gpu is None:
+        on_gpu = jobs_get_a_gpu(config, cluster)
+    if config["model"]["name"] == "embedded" or not on_gpu:
+        return 1
     budget = FRACTION * GPU_MEMORY_BYTES[cluster.gpu_type]
     for n in range(len(members), 0, -1):
         groups = split(members, n)
@@ -44,6 +48,19 @@ def layers_per_job(config: dict, cluster=None) -> int:
     )
 
 
-def stream_groups(config: dict, cluster=None) -> list[StreamGroup]:
+def jobs_get_a_gpu(config: dict, cluster: Cluster) -> bool:
+    """Whether the streaming jobs run on a GPU: the rule gets one (`device` is not cpu) and
+    either a Slurm profile sends GPU jobs to a GPU partition or, run here (no partition: the
+    workstation profile), this machine has one (`device: auto` on a laptop runs on its CPU)."""
+    if not resources.gpus(config, RULE):
+        return False
+    if cluster.gpu_partition is not None:
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def stream_groups(config: dict, cluster=None, on_gpu: bool | None = None) -> list[StreamGroup]:
     """The streaming jobs of a `sae.source: stream` config, fixed when the DAG is built."""
-    return split(stream_hooks(config), layers_per_job(config, cluster))
+    return split(stream_hooks(config), layers_per_job(config, cluster, on_gpu))

@@ -111,7 +111,9 @@ def test_layers_per_job_splits_consecutive_layers_evenly():
 def test_auto_fits_the_gpu_and_the_walltime_cap():
     """On a GPU `auto` takes the most hooks whose job the memory plan fits in 80% of the
     profile's GPU type and, under a walltime cap, whose planned work fits it."""
-    a100, t4 = Cluster(gpu_type="A100"), Cluster(gpu_type="T4")
+    # Slurm profiles that send GPU jobs to a partition (run here, see the test below).
+    a100 = Cluster(gpu_type="A100", gpu_partition="gpu")
+    t4 = Cluster(gpu_type="T4", gpu_partition="gpu")
     assert len(stream_groups.stream_groups(GPT2, a100)) == 1  # 12 GPT-2 SAEs fit 80 GB
     (qwen,) = stream_groups.stream_groups(QWEN, a100)
     budget = 0.8 * 81920 * 2**20
@@ -122,7 +124,7 @@ def test_auto_fits_the_gpu_and_the_walltime_cap():
     larger = StreamGroup(tuple(stream_plan.stream_hooks(QWEN)[: n + 1]))
     assert stream_plan.group_bytes(QWEN, larger, "cuda") > 0.8 * 15360 * 2**20
     # CSD3's 36-hour cap: 24 Qwen SAEs of 300M tokens are too much work for one job there.
-    capped = Cluster(gpu_type="A100", max_runtime=2160)
+    capped = Cluster(gpu_type="A100", max_runtime=2160, gpu_partition="gpu")
     groups = stream_groups.stream_groups(QWEN, capped)
     assert len(groups) > 1
     for g in groups:
@@ -141,7 +143,7 @@ def test_auto_fits_the_gpu_and_the_walltime_cap():
 def test_a_single_sae_too_large_for_the_gpu_is_a_config_error():
     huge = _with(QWEN, expansion_factor=2048)
     with pytest.raises(ConfigError, match=r"sae.stream.layers_per_job: one SAE's streaming job"):
-        stream_groups.stream_groups(huge, Cluster(gpu_type="T4"))
+        stream_groups.stream_groups(huge, Cluster(gpu_type="T4", gpu_partition="gpu"))
 
 
 # --- resources ------------------------------------------------------------------------------------
@@ -169,3 +171,16 @@ def test_each_job_is_planned_from_its_group():
     assert resources.mem_mb(cfg, "train_sae_stream", 2, first.key) == 2 * resources.mem_mb(
         cfg, "train_sae_stream", 1, first.key
     )
+
+
+def test_auto_is_one_layer_a_job_when_run_here_without_a_gpu(monkeypatch):
+    """`device: auto` on a workstation profile (no GPU partition): the jobs run on this machine,
+    so without a GPU here `auto` is one layer a job, as on the CPU; with one, it fits the GPU
+    (issue 40: a laptop planned one A100-sized job)."""
+    import torch
+
+    here = Cluster(gpu_type="A100")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert len(stream_groups.stream_groups(GPT2, here)) == 12
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert len(stream_groups.stream_groups(GPT2, here)) == 1

@@ -193,9 +193,11 @@ rule report_gpu_hours:
             "interventions",
         ),
         gpu=CLUSTER.gpu_type,
+        max_runtime=CLUSTER.max_runtime or 0,
     shell:
         stage("report") + " gpu_hours --suite {input.suite} --config {params.cfg}"
         " --reference-config {input.reference} --gpu {params.gpu}"
+        " --max-runtime {params.max_runtime}"
         " --out-csv {output.csv} --out-html {output.html} 2> {log}"
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +121,15 @@ def _sae_record(suite: dict, model: str, sae: SAETrainConfig, d_sae: int) -> tup
     return max(records, key=lambda r: r["d_sae"]), False
 
 
-def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A100) -> pd.DataFrame:
+def estimate(
+    suite: dict, config: dict, allow_small: bool = False, gpu: str = A100, cluster=None
+) -> pd.DataFrame:
     """One row per stage (and a total): jobs, work, FLOPs, hours on a `gpu` (`gpu_hours`, a key
     of perf.NOMINAL_PEAK_FLOPS: the cluster's `gpu_type`) and their source.
 
     `--small` suite results describe 2-layer models; they are refused unless `allow_small`.
+    `cluster`: the profile's circuitflow.cluster.Cluster, whose walltime cap splits the
+    streaming jobs as its dry run does (default: none, every job on a `gpu`).
     """
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.capture.config import CaptureConfig
@@ -150,7 +155,7 @@ def estimate(suite: dict, config: dict, allow_small: bool = False, gpu: str = A1
     ctx = int(cap.context_length or min(arch.n_ctx, 128))
     per_ctx = ctx - 1 if cap.exclude_bos else ctx
     if config["sae"]["source"] == "stream":
-        rows.append(_stream_row(suite, config, key, arch, ctx, per_ctx, gpu))
+        rows.append(_stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster))
     elif config["sae"]["source"] == "pretrained":
         rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu))
     else:
@@ -251,7 +256,7 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
     return rows
 
 
-def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
+def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster=None) -> dict[str, Any]:
     """`sae.source: stream`: the streaming jobs (stream_groups.stream_groups for a `gpu`), each
     SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
     (every training context through its deepest layer) at the suite's capture rate, no disk."""
@@ -261,7 +266,9 @@ def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu) -> dict[str, Any]:
 
     sae = SAETrainConfig.from_dict(config["sae"])
     d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
-    groups = stream_groups.stream_groups(config, Cluster(gpu_type=gpu))
+    # The profile's cluster where given (its walltime cap splits groups, as its dry run does).
+    cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
+    groups = stream_groups.stream_groups(config, cluster, on_gpu=True)
     n_saes = sum(len(g.members) for g in groups)
     rec, exact = _sae_record(suite, key, sae, d_sae)
     work = n_saes * sae.total_tokens

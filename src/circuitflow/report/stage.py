@@ -85,19 +85,24 @@ def gpu_hours(
     out_csv,
     out_html,
     gpu: str = "A100",
+    max_runtime: int | None = None,
 ) -> None:
     """GPU-hours of this run and of the CSD3 reference run on a `gpu` (the cluster's
-    `gpu_type`), from every GPU suite result."""
+    `gpu_type`, its walltime cap `max_runtime` grouping the streaming jobs as the dry run
+    does), from every GPU suite result."""
     from circuitflow import config as cf_config
+    from circuitflow.cluster import Cluster
     from circuitflow.report import gpu_hours as gh
+
+    cluster = Cluster(gpu_type=gpu, max_runtime=max_runtime)
 
     reference = cf_config.load(reference_config)
     name = f"the CSD3 reference run ({Path(reference_config).name})"
-    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name, gpu)
+    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name, gpu, cluster)
     frames = []
     for path in suite_paths:
         try:
-            frame = gh.estimate(gh.load_suite(path), reference, gpu=gpu)
+            frame = gh.estimate(gh.load_suite(path), reference, gpu=gpu, cluster=cluster)
         except ValueError:
             continue
         frames.append(frame.assign(suite=Path(path).name, config=Path(reference_config).name))

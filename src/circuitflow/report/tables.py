@@ -618,6 +618,7 @@ def gpu_hours_sections(
     reference: dict,
     reference_name: str,
     gpu: str = "A100",
+    cluster=None,
 ) -> list[tuple[str, str]]:
     """Per suite result file: hours on a `gpu` of this run (when the suite covers its model) and of
     the reference run (`reference`, the CSD3 Qwen2.5-0.5B config), then the suite's figures."""
@@ -636,7 +637,7 @@ def gpu_hours_sections(
         configs.append((reference_name, reference))
         for label, cfg in configs:
             try:
-                frame = gpu_hours.estimate(suite, cfg, gpu=gpu)
+                frame = gpu_hours.estimate(suite, cfg, gpu=gpu, cluster=cluster)
             except ValueError as err:
                 body = note(html.escape(str(err)))
             else:
