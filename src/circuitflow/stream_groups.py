@@ -1,7 +1,12 @@
-"""Which sites and layers share a streaming SAE job (`sae.stream.layers_per_job`), fixed when the
-DAG is built: beside the rule table rather than in sae.stream_plan because `auto` asks the rule
-table (circuitflow.resources, which imports every plan module) whether the job gets a GPU and
-how long its work takes on the profile's cluster, and a stage's floor is below the table's."""
+"""Which sites and layers share an SAE job, fixed when the DAG is built: the streaming jobs
+(`sae.source: stream`), which train a group's SAEs from the same forward passes, and the
+published dictionaries' jobs (`sae.source: pretrained`), which evaluate a group's dictionaries
+one after another with the model loaded once. Both are grouped by `sae.stream.layers_per_job`
+(`split`: consecutive layers) and name a group by one key (`StreamGroup.key`), which the rule
+table passes to the rule's plan module. Beside the rule table rather than in a stage's plan
+because `auto` asks the rule table (circuitflow.resources, which imports every plan module)
+whether the job gets a GPU and how long its work takes on the profile's cluster, and a stage's
+floor is below the table's."""
 
 from __future__ import annotations
 
@@ -9,30 +14,48 @@ from circuitflow import resources
 from circuitflow.cluster import Cluster
 from circuitflow.errors import ConfigError
 from circuitflow.perf import GPU_MEMORY_BYTES
+from circuitflow.sae import pretrained_plan
 from circuitflow.sae.stream_plan import RULE, StreamGroup, group_bytes, split, stream_hooks
 
 FRACTION = 0.8  # of a GPU's memory a job is planned into (as sae.batch_size auto plans)
+PRETRAINED_RULE = "pretrained_sae"
+
+
+def group_rule(config: dict) -> str:
+    """The rule table's row of the config's grouped SAE jobs: pretrained_sae for published
+    dictionaries, else train_sae_stream."""
+    return PRETRAINED_RULE if config["sae"]["source"] == "pretrained" else RULE
+
+
+def group_members(config: dict) -> list[tuple[str, int]]:
+    """The (site, layer) of every dictionary the grouped jobs write, by layer."""
+    if config["sae"]["source"] == "pretrained":
+        return pretrained_plan.members(config)
+    return stream_hooks(config)
 
 
 def layers_per_job(config: dict, cluster=None) -> int:
     """`sae.stream.layers_per_job`, `auto` resolved: one for the embedded model and on the CPU;
-    on a GPU the most whose job the memory plan fits in FRACTION of the cluster's GPU
-    (`gpu_type`, perf.GPU_MEMORY_BYTES) and, where the cluster caps walltime (`max_runtime`),
-    whose counted work fits that cap. ConfigError when not even one fits the GPU."""
+    on a GPU the most whose job fits: for streaming, whose memory plan fits in FRACTION of the
+    cluster's GPU (`gpu_type`, perf.GPU_MEMORY_BYTES) and, where the cluster caps walltime
+    (`max_runtime`), whose counted work fits that cap; for published dictionaries, whose work
+    fits the cap (a job holds one dictionary at a time, so its memory is one member's).
+    ConfigError when not even one streamed SAE fits the GPU."""
     spec = config["sae"]["stream"]["layers_per_job"]
-    members = stream_hooks(config)
+    members = group_members(config)
     if spec != "auto":
         return min(int(spec), len(members))
-    if config["model"]["name"] == "embedded" or not resources.gpus(config, RULE):
+    rule = group_rule(config)
+    if config["model"]["name"] == "embedded" or not resources.gpus(config, rule):
         return 1
     cluster = cluster or Cluster()
     budget = FRACTION * GPU_MEMORY_BYTES[cluster.gpu_type]
     for n in range(len(members), 0, -1):
         groups = split(members, n)
-        if max(group_bytes(config, g, "cuda") for g in groups) > budget:
+        if rule == RULE and max(group_bytes(config, g, "cuda") for g in groups) > budget:
             continue
         if cluster.max_runtime and n > 1:
-            seconds = [resources.work_seconds(config, RULE, cluster, g.key) for g in groups]
+            seconds = [resources.work_seconds(config, rule, cluster, g.key) for g in groups]
             if cluster.startup_minutes + max(seconds) / 60 > cluster.max_runtime:
                 continue
         return n
@@ -45,5 +68,6 @@ def layers_per_job(config: dict, cluster=None) -> int:
 
 
 def stream_groups(config: dict, cluster=None) -> list[StreamGroup]:
-    """The streaming jobs of a `sae.source: stream` config, fixed when the DAG is built."""
-    return split(stream_hooks(config), layers_per_job(config, cluster))
+    """The grouped SAE jobs of a `sae.source: stream` or `pretrained` config, fixed when the DAG
+    is built."""
+    return split(group_members(config), layers_per_job(config, cluster))
