@@ -1,36 +1,53 @@
 #!/usr/bin/env python
-"""Use a published dictionary for one site and layer (rule pretrained_sae, sae.source
-pretrained): load it (a SAELens release from the Hugging Face cache, offline, or a local
-directory), check it fits the run, write it to --out in SAELens's format and evaluate it on the
-run's token set (metrics.json, as train_sae writes; nothing is trained).
+"""Use the published dictionaries of a group of sites and layers (rule pretrained_sae, sae.source
+pretrained): load the model once, then each member's dictionary (a SAELens release from the
+Hugging Face cache, offline, or a local directory), check it fits the run, write it to its --out
+directory in SAELens's format and evaluate it on the run's token set (metrics.json, as train_sae
+writes; nothing is trained).
 
 Exit status: 0 done; 2 bad config or unusable input (a dictionary that does not fit the run or
 is not in the cache, a directory not in SAELens's format); 3 out of memory."""
 
+import argparse
+
 from circuitflow import cli
 from circuitflow.nodes import SITES
-from circuitflow.sae import pretrained_stage
+
+
+def member(text: str) -> tuple[str, int]:
+    site, _, layer = text.partition(":")
+    if site not in SITES or not layer.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not site:layer (e.g. resid_pre:3; sites: {', '.join(SITES)})"
+        )
+    return site, int(layer)
 
 
 def run() -> None:
     parser = cli.parser(__doc__)
     cli.add_inputs(parser, "config", "model-json")
-    parser.add_argument("--site", required=True, choices=SITES, help="hook site")
-    parser.add_argument("--layer", required=True, type=int, help="layer index")
+    parser.add_argument(
+        "--members", nargs="+", required=True, type=member, help="site:layer of each one"
+    )
     parser.add_argument("--tokens-npy", required=True, help="activations/tokens.npy")
     parser.add_argument("--tokens-json", required=True, help="activations/tokens.json")
-    parser.add_argument("--out", required=True, help="output directory saes/{site}/layer_N")
-    args, config = cli.parse(parser)
-    metrics = pretrained_stage.run(
-        config, args.site, args.layer, args.model_json, args.tokens_npy, args.tokens_json,
-        args.out,
-    )  # fmt: skip
-    print(
-        f"pretrained_sae: {args.out}: {metrics['architecture']} d_sae={metrics['d_sae']} "
-        f"l0={metrics['l0']:.2f} explained_variance={metrics['explained_variance']:.3f} "
-        f"ce_loss_recovered={metrics['ce_loss_recovered']} "
-        f"dead_fraction={metrics['dead_fraction']:.3f}"
+    parser.add_argument(
+        "--out", nargs="+", required=True, help="saes/{site}/layer_N of each member, in order"
     )
+    args, config = cli.parse(parser)
+    from circuitflow.sae import pretrained_stage  # SAELens's import takes seconds: not for --help
+
+    results = pretrained_stage.run_group(
+        config, args.members, args.model_json, args.tokens_npy,
+        args.tokens_json, args.out,
+    )  # fmt: skip
+    for out, metrics in zip(args.out, results.values(), strict=True):
+        print(
+            f"pretrained_sae: {out}: {metrics['architecture']} d_sae={metrics['d_sae']} "
+            f"l0={metrics['l0']:.2f} explained_variance={metrics['explained_variance']:.3f} "
+            f"ce_loss_recovered={metrics['ce_loss_recovered']} "
+            f"dead_fraction={metrics['dead_fraction']:.3f}"
+        )
 
 
 if __name__ == "__main__":

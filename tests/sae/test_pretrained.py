@@ -452,10 +452,8 @@ def test_the_job_refuses_what_the_config_could_not_check(run_inputs, tmp_path):
             str(REPO / "scripts" / "pretrained_sae.py"),
             "--config",
             json.dumps(config),
-            "--site",
-            "resid_pre",
-            "--layer",
-            "0",
+            "--members",
+            "resid_pre:0",
             "--model-json",
             str(run_inputs["model_json"]),
             "--tokens-npy",
@@ -495,6 +493,49 @@ def test_a_token_set_of_another_model_is_refused(run_inputs, tmp_path):
         )
 
 
+# --- a group's job --------------------------------------------------------------------------------
+TIMING = ("wall_time_s", "peak_memory_mb")  # a job's own: the rest of metrics.json is the same
+
+
+def test_a_group_job_writes_each_member_as_its_own_job_would(run_inputs, tmp_path):
+    """pretrained_sae evaluates a group's dictionaries one after another with the model loaded
+    once: each member's directory holds the weights and the metrics.json (the same keys and
+    values, but for its time and memory) that a job of its own writes."""
+    config = resolved(run_inputs, _local(tmp_path, seed=7))
+    members = [("resid_pre", 0), ("resid_pre", 1)]
+    outs = [tmp_path / "group" / f"layer_{layer}" for _, layer in members]
+    grouped = pretrained_stage.run_group(
+        config, members, run_inputs["model_json"], run_inputs["npy"], run_inputs["json"], outs
+    )
+    assert list(grouped) == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    for (site, layer), out in zip(members, outs, strict=True):
+        alone_dir = tmp_path / "alone" / f"layer_{layer}"
+        alone = run_stage(run_inputs, config, layer, alone_dir, site)
+        together = json.loads((out / "metrics.json").read_text())
+        assert together == grouped[f"blocks.{layer}.hook_resid_pre"]
+        assert together.keys() == alone.keys()
+        assert {k: v for k, v in together.items() if k not in TIMING} == {
+            k: v for k, v in alone.items() if k not in TIMING
+        }
+        assert_same_weights(SAE.load_from_disk(out), SAE.load_from_disk(alone_dir))
+        assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in alone_dir.iterdir())
+
+
+def test_a_group_refuses_a_member_that_does_not_fit_before_any_work(run_inputs, tmp_path):
+    """A local dictionary of the group that does not fit is refused, in one line naming it,
+    before the model loads: no member's directory is written."""
+    wide = build("topk", 2 * D, "blocks.1.hook_resid_pre", "tiny-gpt2")
+    config = resolved(run_inputs, _local(tmp_path))
+    save(wide, tmp_path / "dicts" / "resid_pre" / "layer_1")  # replaces layer 1's
+    outs = [tmp_path / "out" / f"layer_{layer}" for layer in (0, 1)]
+    with pytest.raises(InputError, match=rf"layer_1: d_in {2 * D} is not the model's d_model"):
+        pretrained_stage.run_group(
+            config, [("resid_pre", 0), ("resid_pre", 1)], run_inputs["model_json"],
+            run_inputs["npy"], run_inputs["json"], outs,
+        )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 # --- the job's plan -------------------------------------------------------------------------------
 def test_the_jobs_plan_follows_the_dictionarys_own_width(run_inputs, tmp_path):
     """pretrained_sae's memory and work grow with the width in the dictionary's cfg.json, not
@@ -513,6 +554,46 @@ def test_the_jobs_plan_follows_the_dictionarys_own_width(run_inputs, tmp_path):
     assert resources.mem_mb(wide, "pretrained_sae") > resources.mem_mb(narrow, "pretrained_sae")
     assert resources.gpus(narrow, "pretrained_sae") == 0  # device: cpu
     assert resources.job_work(narrow, "prefetch_saes") is None
+
+
+def test_a_group_jobs_plan_is_its_members(run_inputs, tmp_path):
+    """The rule table plans a group's job (its key, as the rule passes it) from its members:
+    their work summed, the memory of its widest one (one dictionary at a time)."""
+    config = resolved(run_inputs, _local(tmp_path))
+    wide = build("topk", D, "blocks.1.hook_resid_pre", "tiny-gpt2", n_dead=4096)
+    save(wide, tmp_path / "dicts" / "resid_pre" / "layer_1")  # layer 1 wider than layer 0
+    group, alone = "resid_pre:0,resid_pre:1", ["resid_pre:0", "resid_pre:1"]
+    flops = [resources.job_work(config, "pretrained_sae", j).flops["float32"] for j in alone]
+    together = resources.job_work(config, "pretrained_sae", group).flops["float32"]
+    assert together == pytest.approx(sum(flops)) and flops[1] > 2 * flops[0]
+    mem = [resources.mem_mb(config, "pretrained_sae", 1, j) for j in alone]
+    assert mem[1] > mem[0] and resources.mem_mb(config, "pretrained_sae", 1, group) == mem[1]
+
+
+def test_published_dictionaries_are_grouped_as_streaming_groups_them():
+    """GPT-2 small with gpt2-small-res-jb on an A100 with CSD3's 36-hour cap: the 12
+    dictionaries in one job (`sae.stream.layers_per_job: auto`), a short one; a number splits
+    them as it splits streamed layers; one a job on the CPU, or where the cap leaves no room."""
+    from circuitflow import stream_groups
+    from circuitflow.cluster import Cluster
+
+    config = cf_config.load(REPO / "config" / "gpt2-small-res-jb.yaml")
+    csd3 = Cluster(gpu_type="A100", max_runtime=2160, gpu_partition="ampere")
+    (group,) = stream_groups.stream_groups(config, csd3)
+    assert group.members == tuple(("resid_pre", layer) for layer in range(12))
+    assert group.name == "resid_pre_layer_0_to_11"
+    assert resources.runtime(config, "pretrained_sae", 1, csd3, group.key) <= 15
+    fours = {**config, "sae": {**config["sae"], "stream": {"layers_per_job": 4}}}
+    assert [g.name for g in stream_groups.stream_groups(fours, csd3)] == [
+        "resid_pre_layer_0_to_3",
+        "resid_pre_layer_4_to_7",
+        "resid_pre_layer_8_to_11",
+    ]
+    assert len(stream_groups.stream_groups({**config, "device": "cpu"}, csd3)) == 12
+    no_room = Cluster(
+        gpu_type="A100", max_runtime=10, gpu_partition="ampere"
+    )  # the start-up allowance alone
+    assert len(stream_groups.stream_groups(config, no_room)) == 12
 
 
 def test_the_hub_context_restores_huggingface_hubs_settings(tmp_path):

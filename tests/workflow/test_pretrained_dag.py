@@ -2,8 +2,10 @@
 settings (.test/config/tiny.yaml): published dictionaries built here in SAELens's format
 (tests/helpers/dictionaries.py) used instead of trained ones, at site resid_pre, which the
 pipeline trains by default nowhere: a local directory template through attribution and
-interventions, and a release fetched by the prefetch_saes localrule from a Hugging Face cache
-laid out on disk, its jobs offline. No capture, no training, no download."""
+interventions, its two dictionaries evaluated by one job (`sae.stream.layers_per_job: 2`), and a
+release fetched by the prefetch_saes localrule from a Hugging Face cache laid out on disk, its
+jobs offline, one per dictionary (`auto` on the embedded model). No capture, no training, no
+download."""
 
 from __future__ import annotations
 
@@ -45,20 +47,22 @@ def same_weights(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
-    """The whole DAG with `sae.pretrained.path` naming dictionaries on disk."""
+    """The whole DAG with `sae.pretrained.path` naming dictionaries on disk, both evaluated by
+    one job."""
     root = tmp_path_factory.mktemp("pretrained-local")
     saes = dictionaries()
     for layer, sae in saes.items():
         save(sae, root / "dicts" / "resid_pre" / f"layer_{layer}")
     pre = {"path": str(root / "dicts" / "{site}" / "layer_{layer}")}
-    done = run_snakemake(tiny(pre, root / "results"), root)
+    done = run_snakemake(tiny(pre, root / "results", stream={"layers_per_job": 2}), root)
     return root / "results", saes, done
 
 
 def test_the_dag_uses_the_dictionaries_instead_of_capture_and_training(local_run):
     results, saes, done = local_run
     jobs = done.stdout + done.stderr
-    assert "rule pretrained_sae:" in jobs
+    assert jobs.count("rule pretrained_sae_") == 1  # one job for both dictionaries
+    assert "rule pretrained_sae_resid_pre_layer_0_to_1:" in jobs
     for rule in ("rule capture:", "rule train_sae:", "prefetch_saes"):
         assert rule not in jobs, rule
     assert sorted(p.name for p in (results / "activations").iterdir()) == [
@@ -98,7 +102,7 @@ def test_attribution_and_interventions_run_on_the_published_dictionaries(local_r
     assert list(table.tokens_trained) == [0, 0] and set(table.site) == {"resid_pre"}
     costs = pd.read_csv(results / "report" / "job_costs.csv")
     evaluated = costs[costs.rule == "pretrained_sae"]
-    assert len(evaluated) == 2
+    assert list(evaluated.job) == ["resid_pre_layer_0_to_1"]  # its first member's count:
     assert (evaluated.forward_equivalents_per_prompt > 3).all()  # 3 passes and the firing one
 
 
@@ -119,7 +123,8 @@ def test_a_release_is_prefetched_by_a_localrule_and_loaded_offline(tmp_path):
     ]
     done = run_snakemake(config, tmp_path, *targets, env={"HF_HUB_OFFLINE": "1"})
     jobs = done.stdout + done.stderr
-    assert "localrule prefetch_saes:" in jobs and jobs.count("rule pretrained_sae:") == 2
+    assert "localrule prefetch_saes:" in jobs and jobs.count("rule pretrained_sae_") == 2
+    assert "rule pretrained_sae_resid_pre_layer_1:" in jobs  # one job each (auto, embedded)
     prefetch = read_json(tmp_path / "results" / "pretrained" / "prefetch.json")
     assert prefetch["hub_cache"] == str(tmp_path / "hf" / "hub")
     assert [(r["layer"], r["revision"]) for r in prefetch["dictionaries"]] == [

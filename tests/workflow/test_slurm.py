@@ -219,6 +219,45 @@ def test_csd3_dry_run_of_the_streaming_config(tmp_path):
     )
 
 
+def test_csd3_dry_run_of_the_published_dictionaries_config(tmp_path):
+    """config/gpt2-small-res-jb.yaml as it is (sae.source: pretrained, 12 layers): the release
+    fetched by the prefetch_saes localrule, then one GPU job evaluates the 12 published SAEs
+    (grouped as streaming groups them, `layers_per_job: auto`), writing each to its
+    saes/resid_pre/layer_N/, with its group's memory and walltime (resources.mem_mb,
+    resources.runtime with its key): 12 queue waits become one. A number of layers a job
+    splits them as it splits streamed ones."""
+    from circuitflow import stream_groups
+
+    cfg = yaml.safe_load((REPO / "config" / "gpt2-small-res-jb.yaml").read_text())
+    cfg["outdir"] = str(tmp_path / "results")
+    configfile = tmp_path / "gpt2-jb.yaml"
+    configfile.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "CSD3_ACCOUNT": "DUMMY-SL2"}
+    jobs = _dry_run_jobs(tmp_path, configfile, env)
+    assert "prefetch_saes" in {j["rule"] for j in jobs}  # a localrule: the login node
+    evaluate = [j for j in jobs if j["rule"].startswith("pretrained_sae")]
+    assert [j["rule"] for j in evaluate] == ["pretrained_sae_resid_pre_layer_0_to_11"]
+    line = sbatch_line(evaluate[0])
+    assert "--gres=gpu:1" in line and "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
+    shell = evaluate[0]["shell"]
+    assert all(f"resid_pre:{n}" in shell for n in range(12)), shell
+    assert all(f"saes/resid_pre/layer_{n}" in shell for n in range(12)), shell
+    config = cf_config.load(configfile)
+    cluster = Cluster.from_profile(yaml.safe_load(CSD3.read_text())["default-resources"])
+    (group,) = stream_groups.stream_groups(config, cluster)
+    res = evaluate[0]["resources"]
+    assert res["runtime"] == resources.runtime(config, "pretrained_sae", 1, cluster, group.key)
+    assert res["runtime"] <= cluster.startup_minutes + 5  # seconds of counted work each
+    assert res["mem_mb"] == resources.mem_mb(config, "pretrained_sae", 1, group.key)
+
+    cfg["sae"]["stream"] = {"layers_per_job": 4}
+    configfile.write_text(yaml.safe_dump(cfg))
+    jobs = _dry_run_jobs(tmp_path, configfile, env)
+    assert [j["rule"] for j in jobs if j["rule"].startswith("pretrained_sae")] == [
+        f"pretrained_sae_resid_pre_layer_{n}_to_{n + 3}" for n in (0, 4, 8)
+    ]
+
+
 def test_another_cluster_is_one_profile_folder(tmp_path):
     """profiles/slurm-h100, an example of another Slurm cluster (H100s in partition gpu, one
     account from $SLURM_PROJECT, 16 CPUs per GPU): the same workflow, no code change, places

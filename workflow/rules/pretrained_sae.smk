@@ -1,6 +1,9 @@
 # Published dictionaries (sae.source: pretrained): fetched once on the login node, then each
-# site and layer's dictionary evaluated on the run's tokens and written in SAELens's format.
-# Code: src/circuitflow/sae/pretrained.py (sources, checks), pretrained_stage.py (the stages).
+# site and layer's dictionary evaluated on the run's tokens and written in SAELens's format, one
+# job per group of sites and layers (grouped as the streaming jobs are).
+# Code: src/circuitflow/sae/pretrained.py (sources, checks), pretrained_stage.py (the stages),
+# src/circuitflow/stream_groups.py (the groups).
+from circuitflow import stream_groups as cf_stream_groups
 
 if SAE_SOURCE == "pretrained":
     PRETRAINED = config["sae"]["pretrained"]
@@ -58,29 +61,51 @@ if SAE_SOURCE == "pretrained":
                 stage("prefetch_saes", online=True)
                 + " --config {params.cfg} --model-json {input.model} --out {output} 2> {log}"
 
-    rule pretrained_sae:
-        input:
-            source=lambda wc: PRETRAINED_INPUT[(wc.site, wc.layer)],
-            model=f"{OUT}/model/model.json",
-            npy=TOKEN_SET[0],
-            json=TOKEN_SET[1],
-        output:
-            directory(f"{OUT}/saes/{{site}}/layer_{{layer}}"),
-        log:
-            f"{OUT}/logs/pretrained_sae/{{site}}_layer_{{layer}}.log",
-        benchmark:
-            f"{OUT}/benchmarks/pretrained_sae/{{site}}_layer_{{layer}}.tsv"
-        conda:
-            "../../envs/circuitflow.yaml"
-        envmodules:
-            *job_envmodules(),
-        threads: job_threads("pretrained_sae")
-        resources:
-            **job_resources("pretrained_sae"),
-        params:
-            cfg=json_param(PRETRAINED_CONFIG),
-        shell:
-            stage("pretrained_sae")
-            + " --config {params.cfg} --site {wildcards.site} --layer {wildcards.layer}"
-            " --model-json {input.model} --tokens-npy {input.npy} --tokens-json {input.json}"
-            " --out {output} > {log} 2>&1"
+    # One job per group of sites and layers (sae.stream.layers_per_job; auto: as many as the
+    # profile's walltime cap allows), the model loaded once for all of them, each dictionary
+    # still written to its own saes/{site}/layer_{layer}/. One rule per group, all with the rule
+    # table's resources of pretrained_sae (memory and walltime of that group).
+    try:
+        PRETRAINED_GROUPS = cf_stream_groups.stream_groups(config, CLUSTER)
+    except cf_config.ConfigError as err:
+        raise WorkflowError(f"config error: {err}") from None
+    for group in PRETRAINED_GROUPS:
+
+        rule:
+            name:
+                f"pretrained_sae_{group.name}"
+            input:
+                source=list(
+                    dict.fromkeys(
+                        path
+                        for site, layer in group.members
+                        for path in PRETRAINED_INPUT[(site, str(layer))]
+                    )
+                ),
+                model=f"{OUT}/model/model.json",
+                npy=TOKEN_SET[0],
+                json=TOKEN_SET[1],
+            output:
+                [
+                    directory(f"{OUT}/saes/{site}/layer_{layer}")
+                    for site, layer in group.members
+                ],
+            log:
+                f"{OUT}/logs/pretrained_sae/{group.name}.log",
+            benchmark:
+                f"{OUT}/benchmarks/pretrained_sae/{group.name}.tsv"
+            conda:
+                "../../envs/circuitflow.yaml"
+            envmodules:
+                *job_envmodules(),
+            threads: job_threads("pretrained_sae")
+            resources:
+                **job_resources("pretrained_sae", group.key),
+            params:
+                cfg=json_param(PRETRAINED_CONFIG),
+                members=" ".join(f"{site}:{layer}" for site, layer in group.members),
+            shell:
+                stage("pretrained_sae")
+                + " --config {params.cfg} --members {params.members}"
+                " --model-json {input.model} --tokens-npy {input.npy}"
+                " --tokens-json {input.json} --out {output} > {log} 2>&1"

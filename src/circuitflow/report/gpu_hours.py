@@ -157,7 +157,7 @@ def estimate(
     if config["sae"]["source"] == "stream":
         rows.append(_stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster))
     elif config["sae"]["source"] == "pretrained":
-        rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu))
+        rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster))
     else:
         rows.extend(_capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu))
     sae = SAETrainConfig.from_dict(config["sae"])
@@ -292,15 +292,24 @@ def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster=None) -> di
                 source)  # fmt: skip
 
 
-def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu) -> dict[str, Any]:
-    """`sae.source: pretrained`: nothing captured or trained; each pretrained_sae job measures
-    its dictionary on `sae.eval_contexts` contexts (clean, spliced and zero-ablated passes, as
-    deep as its layer; counted here as whole passes) at the suite's forward rate."""
+def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster=None) -> dict[str, Any]:
+    """`sae.source: pretrained`: nothing captured or trained; the pretrained_sae jobs (grouped
+    as streaming groups them: stream_groups.stream_groups for a `gpu`) measure each dictionary
+    on `sae.eval_contexts` contexts (clean, spliced and zero-ablated passes, as deep as its
+    layer; counted here as whole passes) at the suite's forward rate."""
+    from circuitflow import stream_groups
+    from circuitflow.cluster import Cluster
+
+    cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
+    jobs = len(stream_groups.stream_groups(config, cluster, on_gpu=True))
     contexts = config["sae"]["eval_contexts"]
     flops = n_hooks * 3 * contexts * ctx * forward_flops_per_token(arch, ctx)
     s, source = _seconds(_one(suite, key, "forward"), flops, _peak(gpu, "bfloat16"), suite, gpu)
-    source += f"; 3 forward passes of {contexts} contexts a dictionary, nothing trained"
-    return _row("pretrained_sae", n_hooks, n_hooks * contexts * ctx, "tokens", flops, s, source)
+    source += (
+        f"; 3 forward passes of {contexts} contexts a dictionary, {n_hooks} dictionaries in "
+        f"{jobs} job{'s' * (jobs > 1)}, nothing trained"
+    )
+    return _row("pretrained_sae", jobs, n_hooks * contexts * ctx, "tokens", flops, s, source)
 
 
 def _row(stage, jobs, work, unit, flops, seconds, source) -> dict[str, Any]:

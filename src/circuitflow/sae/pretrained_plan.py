@@ -1,6 +1,11 @@
 """The job plans of published dictionaries (rules prefetch_saes and pretrained_sae): host memory
 and counted work for circuitflow.resources (the rule table).
 
+A pretrained_sae job evaluates a group of sites and layers (`members`, grouped as the streaming
+jobs are: circuitflow.stream_groups, `sae.stream.layers_per_job`), one dictionary after another
+with the model loaded once: its memory is its widest member's, its work the sum of its
+members'. The rule table passes the group's key (`resid_pre:0,resid_pre:1`) as `job`.
+
 A published dictionary's width is its own, not the config's: it is read from its cfg.json (a
 local directory, or a release's once prefetch_saes has put it in the Hugging Face cache; jobs
 are planned when they are scheduled, after the prefetch), else taken as the config's
@@ -16,20 +21,35 @@ from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.sae.stream_plan import StreamGroup
 
 EVAL_BATCH = 16  # contexts a pass of the evaluation takes (pretrained_stage.EVAL_BATCH)
 ENCODES = 3  # the SAE runs on the statistics' rows, in the spliced pass and in the firing pass
 
 
-def dictionary_width(config: dict, d_model: int) -> int:
-    """The widest configured dictionary's d_sae where its cfg.json can be read, else the
-    config's width (sae.plan.sae_width)."""
+def members(config: dict) -> list[tuple[str, int]]:
+    """Every published dictionary's (site, layer), by layer and then in the config's order of
+    sites, as circuitflow.stream_groups splits them into jobs."""
+    return [(site, int(layer)) for layer in config["layers"] for site in config["sites"]]
+
+
+def group_of(config: dict, job: str | None) -> StreamGroup:
+    """The job's group (its key, as the rule passes it); every dictionary in one group when
+    None."""
+    return StreamGroup.parse(job) if job else StreamGroup(tuple(members(config)))
+
+
+def dictionary_width(config: dict, d_model: int, group: StreamGroup | None = None) -> int:
+    """The widest d_sae of the group's dictionaries (every configured one without a group)
+    where their cfg.json can be read, else the config's width (sae.plan.sae_width)."""
     from circuitflow.errors import ConfigError, InputError
     from circuitflow.sae import pretrained
 
     widths = []
+    group = group or group_of(config, None)
+    p = config["sae"]["pretrained"]
     try:
-        for d in pretrained.dictionaries(config):
+        for d in (pretrained.dictionary_for(p, site, layer) for site, layer in group.members):
             if d.path is not None:
                 view = pretrained.read_local(d.path)
             else:
@@ -42,14 +62,16 @@ def dictionary_width(config: dict, d_model: int) -> int:
     return max(widths) if widths else sae_width(config, d_model)
 
 
-def job_bytes(config: dict, rule: str, device: str) -> int:
+def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> int:
     """Host bytes of the work. prefetch_saes: one dictionary loaded at a time (its parameters
-    and the copy they are read into). pretrained_sae: the model in float32 twice (the one
-    loaded and the HookedSAETransformer copy the evaluation splices into), the dictionary, a
-    batch of the evaluation (a forward pass to the logits, the features of its rows), or a real
-    model's load where that is more."""
+    and the copy they are read into). pretrained_sae (`job`: its group's key): the model in
+    float32 twice (the one loaded and the HookedSAETransformer copy the evaluation splices
+    into), one dictionary at a time (the group's widest), a batch of the evaluation (a forward
+    pass to the logits, the features of its rows), or a real model's load where that is
+    more."""
     cfg = architectures.model_cfg(config)
-    d_sae = dictionary_width(config, cfg.d_model)
+    group = group_of(config, job if rule == "pretrained_sae" else None)
+    d_sae = dictionary_width(config, cfg.d_model, group)
     sae_bytes = sae_param_bytes(cfg.d_model, d_sae)
     if rule == "prefetch_saes":
         return 2 * sae_bytes
@@ -67,20 +89,21 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     return max(load_bytes(n_params) if real else 0, host)
 
 
-def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | None:
-    """pretrained_sae: `sae.eval_contexts` contexts through the model three times (clean,
-    spliced, ablated) and once as deep as the deepest configured layer (which latents fire),
-    and the dictionary's encoder and decoder on every position of each. prefetch_saes: none
-    counted (its time is the download)."""
+def job_work(config: dict, rule: str, job: str | None = None) -> Work | None:
+    """pretrained_sae (`job`: its group's key): for each member, `sae.eval_contexts` contexts
+    through the model three times (clean, spliced, ablated) and once as deep as its layer
+    (which latents fire), and its dictionary's encoder and decoder on every position of each.
+    prefetch_saes: none counted (its time is the download)."""
     if rule != "pretrained_sae":
         return None
     cfg = architectures.model_cfg(config)
     t = context_length(config, cfg)
     n = config["sae"]["eval_contexts"]
-    depth = max(config["layers"]) + 1
-    passes = 3 * forward_flops_per_token(cfg, t) + forward_flops_per_token(
-        cfg, t, depth, unembed=False
-    )
-    d_sae = dictionary_width(config, cfg.d_model)
-    sae = ENCODES * 4.0 * cfg.d_model * d_sae
-    return Work({"float32": n * t * (passes + sae)})
+    flops = 0.0
+    for site, layer in group_of(config, job).members:
+        passes = 3 * forward_flops_per_token(cfg, t) + forward_flops_per_token(
+            cfg, t, layer + 1, unembed=False
+        )
+        d_sae = dictionary_width(config, cfg.d_model, StreamGroup(((site, layer),)))
+        flops += n * t * (passes + ENCODES * 4.0 * cfg.d_model * d_sae)
+    return Work({"float32": flops})

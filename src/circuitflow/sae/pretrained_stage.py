@@ -4,13 +4,15 @@
 - prefetch_saes (a localrule, on the login node, which has internet): each site and layer's
   dictionary of a SAELens release fetched into the Hugging Face cache by SAE.from_pretrained,
   one at a time, checked against the model's model.json, and listed in prefetch.json.
-- pretrained_sae (one job per site and layer): the dictionary loaded offline (a release from the
-  cache, a local directory as it is), checked against the run before any work, adapted where
-  its model was loaded otherwise (`model_from_pretrained_kwargs`: center_writing_weights is
-  folded into the encoder), written to saes/{site}/layer_{layer}/ in SAELens's format, reloaded
-  from there and evaluated on the run's token set with the metrics train_sae writes (nothing is
-  trained: tokens_trained 0; dead_fraction is the share of latents that never fire on the
-  evaluation tokens). Attribution and interventions then read it like any trained SAE.
+- pretrained_sae (one job per group of sites and layers, grouped as the streaming jobs are:
+  circuitflow.stream_groups): the model loaded once, then each member's dictionary in turn
+  loaded offline (a release from the cache, a local directory as it is), checked against the
+  run, adapted where its model was loaded otherwise (`model_from_pretrained_kwargs`:
+  center_writing_weights is folded into the encoder), written to saes/{site}/layer_{layer}/ in
+  SAELens's format, reloaded from there and evaluated on the run's token set with the metrics
+  train_sae writes (nothing is trained: tokens_trained 0; dead_fraction is the share of latents
+  that never fire on the evaluation tokens). Attribution and interventions then read it like
+  any trained SAE.
 """
 
 from __future__ import annotations
@@ -159,20 +161,35 @@ def run(
     tokens_json: Path | str,
     out_dir: Path | str,
 ) -> dict[str, Any]:
-    """Rule pretrained_sae: the dictionary of (site, layer) checked, adapted, written to
-    `out_dir` in SAELens's format and evaluated there; returns the metrics.json it writes.
-    `config` holds device, model, capture.exclude_bos and sae (source, pretrained,
-    eval_contexts)."""
-    from sae_lens import SAE
+    """One dictionary's job (run_group with one member): the metrics.json it writes."""
+    results = run_group(config, [(site, layer)], model_json, tokens_npy, tokens_json, [out_dir])
+    return next(iter(results.values()))
 
-    from circuitflow import memory
+
+def run_group(
+    config: dict,
+    members: list[tuple[str, int]],
+    model_json: Path | str,
+    tokens_npy: Path | str,
+    tokens_json: Path | str,
+    outs: list[Path | str],
+) -> dict[str, dict[str, Any]]:
+    """Rule pretrained_sae: the dictionary of each member (site, layer) checked, adapted,
+    written to its directory of `outs` (in order) in SAELens's format and evaluated there, one
+    after another with the model loaded once; returns each member's metrics.json by its hook.
+    Local dictionaries are all checked before the model loads; a release's each as it loads
+    (prefetch_saes checked them all against the model). `config` holds device, model,
+    capture.exclude_bos and sae (source, pretrained, eval_contexts)."""
     from circuitflow.capture.tokens import last_contexts, read_token_set
     from circuitflow.devices import resolve_device
     from circuitflow.model.load import load_for_analysis
+    from circuitflow.sae.metrics import as_hooked_sae_transformer
 
+    if len(members) != len(outs):
+        raise InputError(f"{len(members)} members but {len(outs)} output directories")
     t0 = time.perf_counter()
     cfg = SAETrainConfig.from_dict(config["sae"], device=config["device"])
-    d = dictionary_for(dataclasses.asdict(cfg.pretrained), site, layer)
+    ds = [dictionary_for(dataclasses.asdict(cfg.pretrained), s, n) for s, n in members]
     info = _model_info(model_json)
     run_model = RunModel.from_config(config, int(info["architecture"]["d_model"]))
     tokens, meta = read_token_set(tokens_npy, tokens_json)
@@ -181,16 +198,38 @@ def run(
             f"{tokens_json}: a token set for another model (its model_hash is not {model_json}'s "
             "weights_sha256); rerun capture_tokens"
         )
-    if d.path is not None:  # refused in a second, before the model loads
-        problems = differences(read_local(d.path), d.site, d.layer, run_model)
-        if problems:
-            raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+    for d in ds:  # refused in a second, before the model loads
+        if d.path is not None:
+            problems = differences(read_local(d.path), d.site, d.layer, run_model)
+            if problems:
+                raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
     device = resolve_device(cfg.device)
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    loaded = load(d, config["model"]["hf_cache"], device)
-    check_loaded(d, loaded, run_model)
-    model = load_for_analysis(Path(model_json).parent, device)
+    contexts = last_contexts(tokens, cfg.eval_contexts)
+    model = None  # loaded once, after the first dictionary's checks
+    results = {}
+    for d, out_dir in zip(ds, outs, strict=True):
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        loaded = load(d, config["model"]["hf_cache"], device)
+        check_loaded(d, loaded, run_model)
+        if model is None:
+            # The HookedSAETransformer every evaluation splices into, made once (the loaded
+            # model is let go: the evaluation would otherwise copy it for each dictionary).
+            model = as_hooked_sae_transformer(load_for_analysis(Path(model_json).parent, device))
+        results[d.hook] = _evaluate_member(config, d, loaded, model, contexts, meta, device,
+                                           out_dir, t0)  # fmt: skip
+        del loaded  # one dictionary in memory at a time
+        t0 = time.perf_counter()  # the next member's share of the job's time starts here
+    return results
+
+
+def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, t0):
+    """One member: adapted, written to `out_dir` (atomically) and evaluated from there; its
+    metrics.json (wall_time_s from `t0`: the first member's includes loading the model)."""
+    from sae_lens import SAE
+
+    from circuitflow import memory
+
     centre, unknown = model_kwargs_effect(loaded.view, model.cfg.normalization_type)
     if unknown:
         log.warning(
@@ -202,7 +241,6 @@ def run(
             fold_centering(loaded.sae)
         except ValueError as err:
             raise InputError(f"{d.key}: {d.label}: {err}") from None
-    contexts = last_contexts(tokens, cfg.eval_contexts)
     exclude_bos = bool(config["capture"]["exclude_bos"])
     with atomic_dir(out_dir) as tmp:
         loaded.sae.save_model(tmp)
