@@ -118,10 +118,11 @@ def merge_top(state: torch.Tensor, group: torch.Tensor, key: torch.Tensor) -> No
     group, key = group[order], key[order]
     rows, counts = torch.unique_consecutive(group, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(len(key)) - torch.repeat_interleave(starts, counts)
+    dev = key.device
+    rank = torch.arange(len(key), device=dev) - torch.repeat_interleave(starts, counts)
     keep = rank < k
-    fresh = torch.full((len(rows), k), _EMPTY, dtype=torch.int64)
-    slot = torch.repeat_interleave(torch.arange(len(rows)), counts)
+    fresh = torch.full((len(rows), k), _EMPTY, dtype=torch.int64, device=dev)
+    slot = torch.repeat_interleave(torch.arange(len(rows), device=dev), counts)
     fresh[slot[keep], rank[keep]] = key[keep]
     state[rows] = torch.cat([state[rows], fresh], dim=1).topk(k, dim=1).values
 
