@@ -39,6 +39,7 @@ Floats are rounded to 5 decimals, as the runner rounds them. Neuronpedia names a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from circuitflow.io import atomic_dir, write_json
+from circuitflow.io import atomic_dir, write_json, write_text
 
 __all__ = [
     "ACTIVATION_FIELDS",
@@ -110,12 +111,12 @@ def feature_id(
 
 
 def _r(values) -> list[float]:
-    return [round(float(v), 5) for v in values]
+    return np.round(np.asarray(values, dtype=np.float64), 5).tolist()
 
 
 def _activations(g: pd.DataFrame, max_activation: float) -> list[dict[str, Any]]:
     out = []
-    for row in g.sort_values(["band", "rank"], kind="stable").itertuples(index=False):
+    for row in g.itertuples(index=False):
         top = row.kind == "top"
         out.append(
             {
@@ -198,7 +199,8 @@ def write_batches(
         "sae_set": target.sae_set,
         "sae_id_suffix": target.sae_id_suffix,
     }
-    by_feature = dict(tuple(contexts.groupby("feature", sort=False)))
+    order = contexts.sort_values(["feature", "band", "rank"], kind="stable")  # top first
+    by_feature = dict(tuple(order.groupby("feature", sort=False)))
     rows = list(features.sort_values("feature").itertuples(index=False))
     with atomic_dir(folder) as tmp:
         write_json(
@@ -228,5 +230,8 @@ def write_batches(
                 _feature(r, by_feature.get(r.feature), edges, meta)
                 for r in rows[s : s + n_features_per_batch]
             ]
-            write_json(tmp / f"batch-{b}.json", {**head, "features": batch})
+            # One line, as the runner writes them; every number is finite by construction, and
+            # allow_nan=False makes a NaN an error rather than a file Neuronpedia refuses.
+            text = json.dumps({**head, "features": batch}, allow_nan=False)
+            write_text(tmp / f"batch-{b}.json", text)
     return folder
