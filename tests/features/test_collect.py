@@ -12,6 +12,7 @@ from circuitflow.features.collect import (
     N_BINS,
     QUANTILE_BANDS,
     Collector,
+    state_bytes,
 )
 
 B, T, F, K, S = 48, 12, 40, 6, 3
@@ -126,7 +127,8 @@ def test_memory_does_not_grow_with_tokens():
     before = {n: (t.shape, t.dtype) for n, t in c.state_tensors().items()}
     bytes_10 = c.state_bytes()
     feed(100)
-    assert c.state_bytes() == bytes_10 == 8 * F * (3 + N_BINS + K + N_BINS * S) - 4 * F
+    assert c.state_bytes() == bytes_10 == state_bytes(F, K, S)
+    assert bytes_10 == F * (8 + 4 + 8) + 8 * F * (N_BINS + K + N_BINS * S)  # by hand
     assert {n: (t.shape, t.dtype) for n, t in c.state_tensors().items()} == before
     assert c.n_tokens == 110 * B * T
 

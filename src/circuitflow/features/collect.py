@@ -27,9 +27,10 @@ the batch split either. Keeping the s smallest priorities of each bin keeps the 
 any union of bins (bottom-s sampling), so a band made of several bins gets a uniform sample of
 its tokens without knowing the bands in advance. Indices must stay below 2**32 (4.29e9 tokens).
 
-**Memory.** The state is `count` [F], `max`, `sum` [F], `hist` [F, N_BINS], `top` [F, k] and
-`sample` [F * N_BINS, samples] (int64): 8 * F * (3 + N_BINS + k + N_BINS * samples) bytes,
-whatever the number of tokens (`state_bytes()`; 24,576 features, k = 20, 4 samples: 56 MB).
+**Memory.** The state is `count` [F] (int64), `max` [F] (float32), `sum` [F] (float64), `hist`
+[F, N_BINS], `top` [F, k] and `sample` [F * N_BINS, samples] (int64): `state_bytes(F, k,
+samples)` = 20 F + 8 F (N_BINS + k + N_BINS * samples) bytes, whatever the number of tokens
+(24,576 features, k = 20, 4 samples: 65.4 MB; 6,144 features: 16.3 MB).
 A batch's own work is O(B * T * F) for the comparison that finds the firing entries and
 O(nnz) after it: only candidates whose key beats the current k-th (or s-th) of their feature
 are sorted. No window of tokens is kept: `windows.read_windows` materialises the windows of
@@ -59,6 +60,7 @@ __all__ = [
     "QUANTILE_BANDS",
     "Collector",
     "FeatureStats",
+    "state_bytes",
 ]
 
 BIN_EDGES = np.concatenate([[0.0], 10.0 ** np.linspace(-3, 3, 61), [np.inf]]).astype(np.float32)
@@ -159,6 +161,11 @@ class FeatureStats:
     seed: int
 
 
+def state_bytes(n_features: int, k: int, samples: int) -> int:
+    """Bytes of a Collector's state, for a planner: it depends on nothing else."""
+    return n_features * (20 + 8 * (N_BINS + k + N_BINS * samples))
+
+
 class Collector:
     """Streaming per-feature statistics over batches of one dictionary's activations.
 
@@ -201,7 +208,7 @@ class Collector:
         }
 
     def state_bytes(self) -> int:
-        """Bytes of the accumulator's state (independent of the tokens fed)."""
+        """Bytes of the state's tensors, as they are (`state_bytes()` predicts them)."""
         return sum(t.numel() * t.element_size() for t in self.state_tensors().values())
 
     @torch.no_grad()
