@@ -36,3 +36,10 @@ rule all:
         attribution_outputs(),
         interventions_outputs(),
         report_outputs(),
+
+
+# Before any job, dry runs included (the rules above declared every job): a plan that cannot
+# fit a node of the profile or this machine (memory, walltime) is refused in one line naming
+# the key that drives it; one that does not fit the free disk under outdir, warned of.
+if workflow.is_main_process:
+    check_fit()

@@ -51,6 +51,8 @@ class Cluster:
     account_hint: str = "set slurm_account (and gpu_account) in your profile"
     # What a node offers.
     cpus_per_gpu: int = 32  # CSD3 ampere: 4 A100s and 128 cores a node
+    gpu_node_mem_gib: int = 1000  # host memory of a GPU partition's node (CSD3 ampere)
+    cpu_node_mem_gib: int = 256  # host memory of a CPU partition's node (CSD3 icelake)
     gpu_type: str = "A100"  # a key of perf.NOMINAL_PEAK_FLOPS: walltimes and the report's hours
     # How walltimes are planned (circuitflow.resources.runtime).
     gpu_peak_percent: int = 5
@@ -67,6 +69,9 @@ class Cluster:
     resumable_retries: int = 2
     # The environment variable the accounts are built from (`${CSD3_ACCOUNT}-CPU`), if any.
     account_variable: str | None = None
+    # Whether the profile states a cluster (any setting above): its nodes run the jobs, else
+    # this machine does (circuitflow.fit).
+    stated: bool = False
 
     def __post_init__(self) -> None:
         from circuitflow.perf import NOMINAL_PEAK_FLOPS
@@ -82,9 +87,15 @@ class Cluster:
     def from_profile(cls, default_resources: dict[str, Any]) -> Cluster:
         """From a profile's default-resources as Snakemake holds them (values unparsed)."""
         raw = {k: getattr(v, "raw", v) for k, v in (default_resources or {}).items()}
-        values = {f.name: setting_value(raw[f.name]) for f in fields(cls) if f.name in raw}
+        derived = ("account_variable", "stated")
+        values = {
+            f.name: setting_value(raw[f.name])
+            for f in fields(cls)
+            if f.name in raw and f.name not in derived
+        }
         found = ENV_VAR.search(str(raw.get("slurm_account", "")))
-        return cls(**values, account_variable=found.group(1) if found else None)
+        variable = found.group(1) if found else None
+        return cls(**values, account_variable=variable, stated=bool(values))
 
     @property
     def peak_share(self) -> float:

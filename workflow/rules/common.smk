@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from circuitflow import cluster as cf_cluster
 from circuitflow import config as cf_config
+from circuitflow import fit as cf_fit
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
 from circuitflow.report import gpu_hours as cf_gpu_hours
@@ -46,6 +47,9 @@ onstart:
     sdm = workflow.deployment_settings.deployment_method
     if workflow.is_main_process and (problem := job_python_problem(sdm)):
         raise WorkflowError(problem)
+    # The run's files must fit the free disk under outdir now (a dry run only warns).
+    if workflow.is_main_process and (problem := disk_problem()):
+        raise WorkflowError(f"config error: {problem}")
 
 
 OUT = config["outdir"]
@@ -225,12 +229,17 @@ if workflow.is_main_process and (problem := CLUSTER.account_problem()):
     raise WorkflowError(problem)
 
 
+# Every (rule, job) job_resources plans: what check_fit() checks before any job.
+PLANNED_JOBS = []
+
+
 def job_resources(rule, job=None):
     """resources: of `rule`: memory and walltime that grow with each retry, and on a Slurm
     profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
     `job`: which of the rule's jobs, where one rule is defined per job (for train_sae_stream,
     its group's key); else the job's behaviour wildcard, where it has one.
     """
+    PLANNED_JOBS.append((rule, job))
     res = {
         "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt, job),
         "runtime": lambda wc, attempt: cf_resources.runtime(
@@ -254,6 +263,23 @@ def job_retries(rule, job=None):
     many as its attempts need to cover its planned work (circuitflow.resources.retries); None
     (the profile's) elsewhere."""
     return cf_resources.retries(config, rule, CLUSTER, job)
+
+
+def check_fit():
+    """Refuse a plan that cannot fit the profile's nodes or this machine (memory, walltime) in
+    one line naming the config key (circuitflow.fit); warn of one that does not fit the free
+    disk under outdir now (onstart refuses it). Called once all rules are declared."""
+    if problem := cf_fit.problem(config, PLANNED_JOBS, CLUSTER, cf_fit.Machine.here()):
+        raise WorkflowError(f"config error: {problem}")
+    if problem := disk_problem():
+        logger.warning(
+            f"config warning: {problem}; a run is refused until there is room"
+        )
+
+
+def disk_problem():
+    """Why the run's files cannot fit the free disk under outdir now, or None."""
+    return cf_fit.disk_problem(config, cf_fit.Machine.here(OUT))
 
 
 def job_threads(rule):
