@@ -271,10 +271,20 @@ def mount_tmpfs(where: Path, size: int) -> str | None:
     return None if done.returncode == 0 else f"mount failed: {done.stderr.strip()}"
 
 
+def planned_disk(run) -> int:
+    """The files the fit check holds against the free disk (circuitflow.fit.held_plan)."""
+    from circuitflow import config as cf_config
+    from circuitflow import fit
+
+    config = cf_config.resolve(yaml.safe_load(run.config_file.read_text()))
+    return sum(fit.held_plan(config).values())
+
+
 def full_disk(base: dict, workdir: Path, reference: Path) -> dict:
     """outdir on a tmpfs that holds everything before the activation files and a quarter of them:
-    capture (or a later writer) must fail in one line; after the mount grows, the same command
-    finishes with the reference's results."""
+    the run must stop in one line, before any job (its planned files do not fit:
+    circuitflow.fit) or in the writer that finds the disk full; after the mount grows, the same
+    command finishes with the reference's results."""
     acts = du(reference / "activations")
     before = sum(
         du(reference / d)
@@ -292,8 +302,11 @@ def full_disk(base: dict, workdir: Path, reference: Path) -> dict:
         errors = []
         for log in run.results.glob("logs/**/*.log"):
             errors += [ln for ln in log.read_text().splitlines() if "no space left on device" in ln]
+        # Or refused before any job: the run's planned files do not fit (circuitflow.fit).
+        errors += [ln for ln in run.tail(200).splitlines() if ln.startswith("config error:")]
+        room = max(4 * du(reference), planned_disk(run)) + (64 << 20)
         remount = subprocess.run(
-            ["mount", "-o", f"remount,size={4 * du(reference) + (64 << 20)}", str(run.results)],
+            ["mount", "-o", f"remount,size={room}", str(run.results)],
             capture_output=True,
             text=True,
         )

@@ -275,14 +275,21 @@ def problem(
     return None
 
 
+def held_plan(config: dict) -> dict[str, int]:
+    """The disk plan's parts held against the free disk: all but the fixed allowance for the
+    run's small files (resources.SMALL_FILES_BYTES, a Slurm request's margin of 1 GiB, not a
+    measure: the embedded default writes a few MB of them)."""
+    return {k: v for k, v in resources.disk_plan(config).items() if k != "small_files"}
+
+
 def disk_problem(config: dict, machine: Machine) -> str | None:
-    """Why the run's files (resources.disk_plan, less what `outdir` already holds) cannot fit
-    the free disk under `outdir`, in one line naming the config key, or None."""
-    plan = resources.disk_plan(config)
+    """Why the run's large files (held_plan, less what `outdir` already holds) cannot fit the
+    free disk under `outdir`, in one line naming the config key, or None."""
+    plan = held_plan(config)
     need = sum(plan.values()) - machine.used_disk
     if need <= machine.free_disk:
         return None
-    key = driver(config, lambda c: sum(resources.disk_plan(c).values()))
+    key = driver(config, lambda c: sum(held_plan(c).values()))
     total = sum(plan.values())
     parts = ", ".join(
         f"{k.replace('_', ' ')} {size(v)}" for k, v in plan.items() if v >= total / 100

@@ -404,11 +404,13 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     # a 4-minute walltime with --signal=TERM@120 signals it 1.5-2.5 minutes in (Slurm checks
     # limits every 30 s; a 3-minute walltime sometimes signalled it before training had
     # started). Tokens/s vary tenfold with the load, so size the run from the first SAE's speed:
-    # 200 s of it (that short run overstates the speed, about 1.3x, so the work is longer; the
-    # signal comes at most 150 s in). train_sae checkpoints and exits 75; attempt 2 resumes.
+    # 300 s of it (that short run overstates the speed, about 1.3x, so the work is longer; the
+    # signal comes at most 150 s in; 200 s once finished first under a loaded suite, when the
+    # first SAE had trained slower than this one). train_sae checkpoints and exits 75; attempt
+    # 2 resumes.
     sae_dir = results / "saes" / "resid_post" / "layer_1"
     speed = json.loads((sae_dir / "metrics.json").read_text())["tokens_per_s"]
-    tokens = max(200_000, int(speed * 200) // 512 * 512)
+    tokens = max(200_000, int(speed * 300) // 512 * 512)
     shutil.rmtree(sae_dir)
     cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": tokens}}
     t0 = time.monotonic()
