@@ -24,9 +24,7 @@ RUNTIME_MODULES = {
     # report_gpu_hours: the report's modules and TransformerLens (the architectures' configs)
     "architectures": ("circuitflow.config", "circuitflow.report.stage", "transformer_lens"),
 }  # fmt: skip
-# "report" re-measured 2026-11-27 (319 MiB here, a fresh install's upper value ~15% above): since
-# the floors, circuitflow.config no longer imports the SAE stage's modules.
-RUNTIME_MB = {"base": 272, "report": 360, "model": 625, "architectures": 561}
+RUNTIME_MB = {"base": 272, "report": 403, "model": 625, "architectures": 561}
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
