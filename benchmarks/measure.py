@@ -36,6 +36,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -143,12 +144,16 @@ def run_step(step: Step, device: str, out: Path, seconds: float, log_dir: Path) 
     with log.open("w") as fh:
         fh.write(" ".join(cmd) + "\n")
         fh.flush()
+        # Its own process group: a step cut short takes its children (Snakemake and its jobs,
+        # in scale) with it.
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
         try:
-            done = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                  timeout=max(1.0, seconds))  # fmt: skip
-            if done.returncode != 0:
-                status = f"failed (exit {done.returncode})"
+            if proc.wait(timeout=max(1.0, seconds)) != 0:
+                status = f"failed (exit {proc.returncode})"
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             status = f"cut at {seconds:.0f} s"
     wall = time.perf_counter() - t0
     if status == "ok" and not out.is_file():

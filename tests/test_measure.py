@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,35 @@ def test_a_failing_step_is_reported_and_the_rest_still_run(tmp_path):
     assert done.returncode == 1
     for step in ("prompt_graphs", "scale"):  # each on the screen, cut or never started
         assert re.search(rf"^  {step} +(cut at|not run)", done.stdout, re.M), done.stdout
+
+
+def test_a_step_cut_short_takes_its_children_with_it(tmp_path):
+    """scale's Snakemake and its jobs are the step's grandchildren: a cut kills them too."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import measure
+
+    marker = tmp_path / "marker"
+    script = tmp_path / "spawns.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', {str(marker)!r}])\n"
+    )
+    step = measure.Step("spawns", str(script), "", "", 1.0)
+    outcome = measure.run_step(step, "cpu", tmp_path / "out.json", 3.0, tmp_path)
+    assert outcome["status"].startswith("cut at")
+
+    def alive() -> list[Path]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if str(marker).encode() in cmdline.read_bytes():
+                    found.append(cmdline)
+            except OSError:  # the process ended meanwhile
+                pass
+        return found
+
+    # SIGKILL lands at once but the kernel may list the process for a moment longer.
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), "a cut step's grandchild survived"
