@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import yaml
-from helpers.dag import REPO, run_snakemake
+from helpers.dag import REPO, profile_cluster, run_snakemake
 
 from circuitflow import config as cf_config
 from circuitflow import fit, resources
@@ -35,8 +35,7 @@ def resolved(path: str, **changes) -> dict:
 def profile(name: str, monkeypatch) -> Cluster:
     monkeypatch.setenv("CSD3_ACCOUNT", "PROJECT-SL2")
     monkeypatch.setenv("SLURM_PROJECT", "project")
-    text = (REPO / "profiles" / name / "config.yaml").read_text()
-    return Cluster.from_profile(yaml.safe_load(text)["default-resources"])
+    return profile_cluster(name)
 
 
 def declared_jobs(config: dict) -> list[tuple[str, None]]:

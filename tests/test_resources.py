@@ -7,7 +7,7 @@ import math
 
 import pytest
 import yaml
-from helpers.dag import REPO
+from helpers.dag import REPO, profile_cluster
 
 from circuitflow import config as cf_config
 from circuitflow import resources
@@ -114,12 +114,6 @@ STAGE_RULES = {
     "attribution": "attribution",
     "interventions": "interventions",
 }
-
-
-def profile_cluster(name: str) -> Cluster:
-    """The Cluster that profiles/<name> states, read as common.smk reads it."""
-    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
-    return Cluster.from_profile(profile["default-resources"])
 
 
 def csd3_cluster() -> Cluster:

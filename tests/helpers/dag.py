@@ -52,3 +52,12 @@ def run_snakemake(config: dict, workdir: Path, *args: str, check: bool = True, e
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def profile_cluster(name: str):
+    """The circuitflow.cluster.Cluster that profiles/<name> states, read as common.smk reads
+    it (its default-resources)."""
+    from circuitflow.cluster import Cluster
+
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    return Cluster.from_profile(profile["default-resources"])

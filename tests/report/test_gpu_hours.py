@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.dag import REPO
+from helpers.dag import REPO, profile_cluster
 
 from circuitflow.report import gpu_hours, presets
 
@@ -131,18 +131,8 @@ def test_presets_shrink_with_the_gpu():
 def test_stored_cpu_result_gives_the_readme_gpu_hours():
     suite = gpu_hours.load_suite(STORED)
     assert suite["mode"] != "small" and suite["device"]["type"] == "cpu"
-    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN), cluster=csd3())
+    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN), cluster=profile_cluster("csd3"))
     assert _readme_block("gpu-hours") == gpu_hours.markdown(frame)
-
-
-def csd3():
-    """The cluster profiles/csd3 states (its 36-hour cap splits Qwen's streaming jobs)."""
-    import yaml
-
-    from circuitflow.cluster import Cluster
-
-    profile = yaml.safe_load((REPO / "profiles" / "csd3" / "config.yaml").read_text())
-    return Cluster.from_profile(profile["default-resources"])
 
 
 H200_RESULT = REPO / "benchmarks" / "results" / "gpu_suite-nvidia-h200-cuda.json"
@@ -156,7 +146,8 @@ def test_stored_h200_result_gives_the_measured_gpu_hours(block, gpu):
     suite = gpu_hours.load_suite(H200_RESULT)
     assert suite["mode"] == "full" and "H200" in suite["device"]["name"]
     assert gpu_hours.measured_on(suite, "H200") and not gpu_hours.measured_on(suite, "A100")
-    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN), gpu=gpu, cluster=csd3())
+    csd3 = profile_cluster("csd3")
+    frame = gpu_hours.estimate(suite, gpu_hours.load_config(QWEN), gpu=gpu, cluster=csd3)
     assert _readme_block(block) == gpu_hours.markdown(frame)
     # The streaming jobs as CSD3's dry run groups them (issue 40: not 1 job of 24 SAEs).
     if gpu == "A100":

@@ -19,7 +19,7 @@ import yaml
 
 if __name__ == "__main__":  # run as a script (to regenerate the profile): helpers are one up
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers.dag import REPO, SNAKEMAKE, load_test_config, run_snakemake
+from helpers.dag import REPO, SNAKEMAKE, load_test_config, profile_cluster, run_snakemake
 
 from circuitflow import config as cf_config
 from circuitflow import resources
@@ -187,7 +187,6 @@ def test_csd3_dry_run_of_the_streaming_config(tmp_path):
     from one forward pass and writes each to its saes/resid_post/layer_N/; its memory and
     walltime are its group's plan (resources.mem_mb, resources.runtime with its key), a first
     attempt of at most resumable_max_runtime that grows on each retry."""
-    from circuitflow import stream_groups
     from circuitflow.sae import stream_plan
 
     cfg = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
@@ -198,25 +197,38 @@ def test_csd3_dry_run_of_the_streaming_config(tmp_path):
     jobs = _dry_run_jobs(tmp_path, configfile, env)
     rules = {j["rule"] for j in jobs}
     assert not rules & {"capture", "capture_shard", "train_sae"}, rules
-    stream = [j for j in jobs if j["rule"].startswith("train_sae_stream_")]
-    assert [j["rule"] for j in stream] == ["train_sae_stream_resid_post_layer_0_to_11"]
-    line = sbatch_line(stream[0])
-    assert "--gres=gpu:1" in line and "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
-    shell = stream[0]["shell"]
-    assert all(f"resid_post:{n}" in shell for n in range(12)), shell
-    assert all(f"saes/resid_post/layer_{n}" in shell for n in range(12)), shell
-    config = cf_config.load(configfile)
-    cluster = Cluster.from_profile(yaml.safe_load(CSD3.read_text())["default-resources"])
-    (group,) = stream_groups.stream_groups(config, cluster)
-    res = stream[0]["resources"]
-    assert res["runtime"] == resources.runtime(config, "train_sae_stream", 1, cluster, group.key)
+    config, cluster, group, res = _one_gpu_job_for_12_layers(
+        jobs, configfile, "train_sae_stream", "resid_post"
+    )
     assert res["runtime"] == cluster.resumable_max_runtime  # 300M tokens: it resumes
-    assert res["mem_mb"] == resources.mem_mb(config, "train_sae_stream", 1, group.key)
     # A job of one layer counts less than a sixth of the work of the job of twelve.
     one = stream_plan.StreamGroup((("resid_post", 11),)).key
     assert resources.work_seconds(config, "train_sae_stream", cluster, one) < (
         resources.work_seconds(config, "train_sae_stream", cluster, group.key) / 6
     )
+
+
+def _one_gpu_job_for_12_layers(jobs: list[dict], configfile: Path, rule: str, site: str):
+    """The dry run's one `rule`_{group} job for `site` at layers 0-11 on CSD3 (streaming or
+    published dictionaries): a GPU job on ampere with the GPU account, naming every member and
+    its output, asking its group's planned walltime and memory (resources.runtime and mem_mb
+    with the group's key). Returns the config, the cluster, the group and its resources."""
+    from circuitflow import stream_groups
+
+    grouped = [j for j in jobs if j["rule"].startswith(f"{rule}_")]
+    assert [j["rule"] for j in grouped] == [f"{rule}_{site}_layer_0_to_11"]
+    line = sbatch_line(grouped[0])
+    assert "--gres=gpu:1" in line and "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
+    shell = grouped[0]["shell"]
+    assert all(f"{site}:{n}" in shell for n in range(12)), shell
+    assert all(f"saes/{site}/layer_{n}" in shell for n in range(12)), shell
+    config = cf_config.load(configfile)
+    cluster = profile_cluster("csd3")
+    (group,) = stream_groups.stream_groups(config, cluster)
+    res = grouped[0]["resources"]
+    assert res["runtime"] == resources.runtime(config, rule, 1, cluster, group.key)
+    assert res["mem_mb"] == resources.mem_mb(config, rule, 1, group.key)
+    return config, cluster, group, res
 
 
 def test_csd3_dry_run_of_the_published_dictionaries_config(tmp_path):
@@ -226,7 +238,6 @@ def test_csd3_dry_run_of_the_published_dictionaries_config(tmp_path):
     saes/resid_pre/layer_N/, with its group's memory and walltime (resources.mem_mb,
     resources.runtime with its key): 12 queue waits become one. A number of layers a job
     splits them as it splits streamed ones."""
-    from circuitflow import stream_groups
 
     cfg = yaml.safe_load((REPO / "config" / "gpt2-small-res-jb.yaml").read_text())
     cfg["outdir"] = str(tmp_path / "results")
@@ -235,20 +246,8 @@ def test_csd3_dry_run_of_the_published_dictionaries_config(tmp_path):
     env = {**os.environ, "CSD3_ACCOUNT": "DUMMY-SL2"}
     jobs = _dry_run_jobs(tmp_path, configfile, env)
     assert "prefetch_saes" in {j["rule"] for j in jobs}  # a localrule: the login node
-    evaluate = [j for j in jobs if j["rule"].startswith("pretrained_sae")]
-    assert [j["rule"] for j in evaluate] == ["pretrained_sae_resid_pre_layer_0_to_11"]
-    line = sbatch_line(evaluate[0])
-    assert "--gres=gpu:1" in line and "-p ampere" in line and "-A DUMMY-SL2-GPU" in line, line
-    shell = evaluate[0]["shell"]
-    assert all(f"resid_pre:{n}" in shell for n in range(12)), shell
-    assert all(f"saes/resid_pre/layer_{n}" in shell for n in range(12)), shell
-    config = cf_config.load(configfile)
-    cluster = Cluster.from_profile(yaml.safe_load(CSD3.read_text())["default-resources"])
-    (group,) = stream_groups.stream_groups(config, cluster)
-    res = evaluate[0]["resources"]
-    assert res["runtime"] == resources.runtime(config, "pretrained_sae", 1, cluster, group.key)
+    _, cluster, _, res = _one_gpu_job_for_12_layers(jobs, configfile, "pretrained_sae", "resid_pre")
     assert res["runtime"] <= cluster.startup_minutes + 5  # seconds of counted work each
-    assert res["mem_mb"] == resources.mem_mb(config, "pretrained_sae", 1, group.key)
 
     cfg["sae"]["stream"] = {"layers_per_job": 4}
     configfile.write_text(yaml.safe_dump(cfg))
