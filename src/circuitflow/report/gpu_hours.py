@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from circuitflow import perf
+from circuitflow.cluster import Cluster
 from circuitflow.errors import InputError
 from circuitflow.memory import capture_hooks, n_dictionaries
 from circuitflow.model import architectures
@@ -154,6 +155,8 @@ def estimate(
     cap = CaptureConfig.from_dict(config["capture"])
     ctx = int(cap.context_length or min(arch.n_ctx, 128))
     per_ctx = ctx - 1 if cap.exclude_bos else ctx
+    # The grouped SAE jobs on a `gpu`, split by the profile's walltime cap where given.
+    cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
     if config["sae"]["source"] == "stream":
         rows.append(_stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster))
     elif config["sae"]["source"] == "pretrained":
@@ -256,18 +259,15 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
     return rows
 
 
-def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster=None) -> dict[str, Any]:
+def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster) -> dict[str, Any]:
     """`sae.source: stream`: the streaming jobs (stream_groups.stream_groups for a `gpu`), each
     SAE's `sae.total_tokens` at the suite's SAE rate, and each job's forward passes
     (every training context through its deepest layer) at the suite's capture rate, no disk."""
     from circuitflow import stream_groups
-    from circuitflow.cluster import Cluster
     from circuitflow.sae.config import SAETrainConfig
 
     sae = SAETrainConfig.from_dict(config["sae"])
     d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
-    # The profile's cluster where given (its walltime cap splits groups, as its dry run does).
-    cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
     groups = stream_groups.stream_groups(config, cluster, on_gpu=True)
     n_saes = sum(len(g.members) for g in groups)
     rec, exact = _sae_record(suite, key, sae, d_sae)
@@ -292,15 +292,13 @@ def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster=None) -> di
                 source)  # fmt: skip
 
 
-def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster=None) -> dict[str, Any]:
+def _pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster) -> dict[str, Any]:
     """`sae.source: pretrained`: nothing captured or trained; the pretrained_sae jobs (grouped
     as streaming groups them: stream_groups.stream_groups for a `gpu`) measure each dictionary
     on `sae.eval_contexts` contexts (clean, spliced and zero-ablated passes, as deep as its
     layer; counted here as whole passes) at the suite's forward rate."""
     from circuitflow import stream_groups
-    from circuitflow.cluster import Cluster
 
-    cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
     jobs = len(stream_groups.stream_groups(config, cluster, on_gpu=True))
     contexts = config["sae"]["eval_contexts"]
     flops = n_hooks * 3 * contexts * ctx * forward_flops_per_token(arch, ctx)
