@@ -9,10 +9,11 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=spliced_sae_outputs(),
-        # Paired with the SAEs by the hook name each file records (sae.source: capture);
-        # else the features' top contexts come from the model run over the token set.
+        # Paired with the SAEs by the hook name each file records (a source that reads
+        # activation files: sae.source capture); else the features' top contexts come from the
+        # model run over the token set.
         acts=capture_outputs(SAE_SITES),
-        tokens=TOKEN_SET if SAE_SOURCE != "capture" else [],
+        tokens=[] if SOURCE.reads_activation_files else TOKEN_SET,
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",
@@ -50,13 +51,13 @@ rule attribution:
         # out (capture.exclude_bos); with them each file says so.
         cfg=(
             config_json("device", "model", "attribution")
-            if SAE_SOURCE == "capture"
+            if SOURCE.reads_activation_files
             else config_json("device", "model", "attribution", "capture")
         ),
         out_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
         tokens=(
             ""
-            if SAE_SOURCE == "capture"
+            if SOURCE.reads_activation_files
             else f"--tokens-npy {TOKEN_SET[0]} --tokens-json {TOKEN_SET[1]}"
         ),
     shell:
