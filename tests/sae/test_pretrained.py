@@ -25,6 +25,7 @@ from circuitflow.errors import ConfigError, InputError
 from circuitflow.model.load import load_for_analysis
 from circuitflow.model.load import prefetch_stage as prefetch_model
 from circuitflow.sae import pretrained, pretrained_plan, pretrained_stage
+from circuitflow.sae.lifecycle import METRICS_KEYS
 from circuitflow.sae.metrics import evaluate_sae
 
 torch.set_num_threads(1)
@@ -137,6 +138,7 @@ def test_local_dictionary_is_written_and_measured_on_the_run(run_inputs, archite
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk.keys() == metrics.keys() and on_disk["l0"] == metrics["l0"]
     assert metrics["source"] == "pretrained" and metrics["trained"] is False
+    assert set(METRICS_KEYS) <= metrics.keys() and metrics["kind"] == "sae"  # every source's
     assert metrics["tokens_trained"] == 0
     assert metrics["path"] == str(tmp_path / "dicts" / "resid_pre" / "layer_1")
     assert (metrics["site"], metrics["layer"], metrics["hook_name"]) == ("resid_pre", 1, hook)

@@ -30,7 +30,9 @@ SAE_NARROW_PER_ROW = 8
 # step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
 SAE_OPTIMISER_COPIES = 5.75
 SAE_AUTO_MAX_BATCH = 16384  # sae.batch_size auto: the largest power of two up to this that fits
-EVAL_BATCH = 16  # contexts a pass of the evaluation takes (sae.metrics)
+# Contexts a pass of a dictionary's evaluation takes (sae.metrics, every source's), which the
+# plans size its memory by.
+EVAL_BATCH = 16
 
 
 def sae_param_bytes(d_in: int, d_sae: int, dtype_size: int = 4) -> int:

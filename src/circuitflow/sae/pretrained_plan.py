@@ -20,10 +20,9 @@ from circuitflow.memory import estimate_forward, load_bytes
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
-from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.sae.plan import EVAL_BATCH, sae_param_bytes, sae_width
 from circuitflow.sae.stream_plan import StreamGroup
 
-EVAL_BATCH = 16  # contexts a pass of the evaluation takes (pretrained_stage.EVAL_BATCH)
 ENCODES = 3  # the SAE runs on the statistics' rows, in the spliced pass and in the firing pass
 
 
