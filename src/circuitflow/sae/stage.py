@@ -101,6 +101,12 @@ def plan(
     return dataclasses.replace(cfg, batch_size=int(batch))
 
 
+def capture_fingerprint(cfg: SAETrainConfig, info: ActivationFileInfo) -> str:
+    """sae.lifecycle.fingerprint with what the SAE trains on: the activation file's model,
+    token set, hook and rows."""
+    return fingerprint(cfg, info.model_hash, info.token_set_hash, info.hook_name, info.n_tokens)
+
+
 # --- inputs ---------------------------------------------------------------------------------------
 @dataclass
 class Inputs:
@@ -227,7 +233,7 @@ def train_sae(
     inputs = Inputs.read(cfg, activations)
     device = resolve_device(cfg.device)
     info = inputs.info
-    fp = fingerprint(cfg, info.model_hash, info.token_set_hash, info.hook_name, info.n_tokens)
+    fp = capture_fingerprint(cfg, info)
     state, tensors = resume_state(ckpt_root, fp)
     cfg = plan(cfg, info, device, model, state)
     run = train(cfg, inputs, device, ckpt_root, fp, state, tensors)
