@@ -283,7 +283,10 @@
   }
 
   function fromHash() {
-    const target = decodeURIComponent(location.hash.slice(1));
+    let target = location.hash.slice(1);
+    try {
+      target = decodeURIComponent(target);
+    } catch (e) { /* a malformed escape: match the address as it is */ }
     const m = /^(.*)\.f(\d+)$/.exec(target);
     const k = dicts.findIndex((d) => d.key === (m ? m[1] : target));
     if (k < 0) return;
