@@ -42,7 +42,7 @@ import pandas as pd
 from circuitflow import description, perf
 from circuitflow.cluster import Cluster
 from circuitflow.errors import InputError
-from circuitflow.memory import capture_hooks, n_dictionaries
+from circuitflow.memory import capture_hooks
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 
@@ -184,7 +184,7 @@ def estimate(
             f"{', '.join(architectures.ARCHITECTURES)}"
         )
     arch = architectures.config(key)
-    n_hooks = n_dictionaries(config)
+    n_hooks = len(description.describe(config).dictionaries)
     rows = []
 
     cap = CaptureConfig.from_dict(config["capture"])
