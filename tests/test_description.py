@@ -154,5 +154,5 @@ def test_walltimes_and_gpu_hours_count_the_same_flops(path):
     for rule, extra in (("attribution", contexts), ("interventions", 0)):
         jobs = [resources.job_work(config, rule, b).flops for b in config["behaviours"]]
         planned = sum(sum(work.values()) - extra for work in jobs)
-        assert counted[rule][2] == pytest.approx(planned, rel=1e-9), rule
-        assert counted[rule][0] == sum(run.n_prompts(b) for b, _ in run.prompts)
+        assert counted[rule].flops == pytest.approx(planned, rel=1e-9), rule
+        assert counted[rule].prompts == sum(run.n_prompts(b) for b, _ in run.prompts)

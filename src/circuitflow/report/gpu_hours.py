@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,19 +125,28 @@ def _sae_record(suite: dict, model: str, sae: SAETrainConfig, d_sae: int) -> tup
     return max(records, key=lambda r: r["d_sae"]), False
 
 
-def prompt_flops(config: dict, prompt_length: int) -> dict[str, tuple[int, dict, float]]:
-    """Attribution's and the interventions' (prompts, forward-pass equivalents a prompt by
-    part averaged over the prompts, FLOPs) over every behaviour at `prompt_length` tokens a
-    prompt, counted by the stages' own plans (attribution/plan.py and interventions/plan.py,
-    `prompt_work`) over the run's description: the walltimes' count at the length the suite
-    measured its rates at. Attribution's feature contexts are not charged here."""
+@dataclass(frozen=True)
+class PromptStage:
+    """A prompt stage's count over every behaviour: its prompts, forward-pass equivalents a
+    prompt by part (averaged over the prompts), the FLOPs of one such pass and in all."""
+
+    prompts: int
+    passes: dict[str, float]
+    per_pass: float
+    flops: float
+
+
+def prompt_flops(config: dict, prompt_length: int) -> dict[str, PromptStage]:
+    """Attribution's and the interventions' counts over every behaviour at `prompt_length`
+    tokens a prompt, by the stages' own plans (attribution/plan.py and interventions/plan.py,
+    `prompt_work`) over the run's description: the count their walltimes charge, at the length
+    the suite measured its rates at. Attribution's feature contexts are not charged here."""
     from circuitflow.attribution import plan as attribution_plan
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.interventions import plan as interventions_plan
     from circuitflow.interventions.config import InterventionsConfig
 
     run = description.describe(config)
-    out = {}
     acfg = AttributionConfig.from_dict(config["attribution"])
     icfg = InterventionsConfig.from_dict(config["interventions"])
     stages = (
@@ -146,17 +155,16 @@ def prompt_flops(config: dict, prompt_length: int) -> dict[str, tuple[int, dict,
         ("interventions", icfg.max_prompts,
          lambda n: interventions_plan.prompt_work(run, icfg, prompt_length)),
     )  # fmt: skip
+    out = {}
     for stage, cap, work in stages:
         counts = [run.n_prompts(b, cap) for b, _ in run.prompts]
-        prompts = sum(counts)
         per_behaviour = [work(n) for n in counts]
-        parts = {
-            k: sum(p[k] * n for (p, _), n in zip(per_behaviour, counts, strict=True)) / prompts
-            for k in per_behaviour[0][0]
-        }
-        flops = sum(n * sum(p.values()) * per_pass
-                    for (p, per_pass), n in zip(per_behaviour, counts, strict=True))  # fmt: skip
-        out[stage] = (prompts, parts, flops)
+        per_pass = per_behaviour[0][1]  # the same pass for every behaviour
+        weighted = [(p, n) for (p, _), n in zip(per_behaviour, counts, strict=True)]
+        prompts = sum(counts)
+        passes = {k: sum(p[k] * n for p, n in weighted) / prompts for k in weighted[0][0]}
+        flops = sum(n * sum(p.values()) * per_pass for p, n in weighted)
+        out[stage] = PromptStage(prompts, passes, per_pass, flops)
     return out
 
 
@@ -198,13 +206,13 @@ def estimate(
         rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster))
     else:
         rows.extend(_capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu))
-    plen = _one(suite, key, "attribution")["prompt_length"]
-    flops = prompt_flops(config, plen)
     rec = _one(suite, key, "attribution")
-    prompts, passes, work_flops = flops["attribution"]
-    per_pass = work_flops / (prompts * sum(passes.values()))
+    plen = rec["prompt_length"]
+    counted = prompt_flops(config, plen)
+    attr = counted["attribution"]
+    prompts, passes, work_flops = attr.prompts, attr.passes, attr.flops
     share_model = forward_flops_per_token(arch, plen) * plen
-    model_part = share_model / per_pass
+    model_part = share_model / attr.per_pass
     peak = 1 / (model_part / _peak(gpu, "bfloat16") + (1 - model_part) / _peak(gpu, "float32"))
     s, source = _seconds(rec, work_flops, peak, suite, gpu)
     detail = ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
@@ -223,7 +231,8 @@ def estimate(
     s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     source += "; 2 forward passes a prompt (clean, corrupted) at the measured forward rate"
     rows.insert(0, _row("baseline", n_beh, n_all, "prompts", work_flops, s, source))
-    n_iv, passes, work_flops = flops["interventions"]
+    iv = counted["interventions"]
+    n_iv, passes, work_flops = iv.prompts, iv.passes, iv.flops
     s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
     source += (
