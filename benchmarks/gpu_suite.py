@@ -496,7 +496,7 @@ class Suite:
         seconds = result.seconds["fast"]
         rate = n / seconds
         fwd = self._forward_rate(model, clean.astype(np.int32), sizes.attribution_batch, None) / t
-        passes = perf.attribution_passes(cfg, len(saes), acfg, n, d_sae)["atp"]
+        passes = attribution_plan.passes(cfg, len(saes), acfg, n, d_sae)["atp"]
         model_flops = forward_flops_per_token(cfg, t) * t * passes
         sae_flops = perf.spliced_sae_flops_per_token(d, d_sae) * len(saes) * t * passes
         flops = model_flops + sae_flops

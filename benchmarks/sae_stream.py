@@ -71,7 +71,6 @@ from circuitflow.sae import stage as sae_stage  # noqa: E402
 from circuitflow.sae import stream_stage  # noqa: E402
 from circuitflow.sae.config import SAETrainConfig  # noqa: E402
 from circuitflow.sae.stream_plan import StreamGroup  # noqa: E402
-from circuitflow.sae.trainer import fingerprint  # noqa: E402
 
 PATHS = ("capture_then_train", "stream_one_pass", "stream_per_layer")
 SITE = "resid_post"
@@ -130,7 +129,7 @@ def run_capture_then_train(model, tokens, meta, n_train, args, tmp: Path) -> Pat
     for (_, layer), path in sorted(targets.items()):
         info = read_activation_info(path)
         run = sae_stage.train(cfg, sae_stage.Inputs(info), args.device, tmp / f"ck{layer}",
-                              fingerprint(cfg, info), None, {})  # fmt: skip
+                              sae_stage.capture_fingerprint(cfg, info), None, {})  # fmt: skip
         saes[info.hook_name] = run.trainer.sae
     t2 = time.perf_counter()
     written = sum(p.stat().st_size for p in targets.values())

@@ -219,13 +219,14 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     A100's peak as it reached of this device's (report/gpu_hours.py's roofline projection).
     FLOPs are counted passes x FLOPs of a pass (perf): capture contexts x forward equivalents;
     SAE training tokens x 12 d_in d_sae plus the evaluation's passes; attribution's passes from
-    perf.attribution_passes (the planner's formula, tested against the stage's own count) for
+    attribution_plan.passes (the planner's formula, tested against the stage's own count) for
     the full config's prompts, this run's measured count for this run; interventions this run's
     passes per prompt (the same settings but seeds, random controls and circuit sizes on CPU)
     x the full prompts. Start-up (loading, imports) is charged at the same rate: on a short CPU
     run it inflates the projection (conservative).
     """
     from circuitflow import perf
+    from circuitflow.attribution import plan as attribution_plan
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.model import architectures
     from circuitflow.model.flops import (
@@ -279,7 +280,7 @@ def projection(stages: dict, run_cfg: dict, device_peak: float) -> tuple[dict, s
     full_flops = 0.0
     for b in full["behaviours"].values():
         n = b["n_prompts"]
-        passes = perf.attribution_passes(arch, full_hooks, acfg, n, d_sae(full))
+        passes = attribution_plan.passes(arch, full_hooks, acfg, n, d_sae(full))
         full_flops += n * sum(passes.values()) * spliced(full_hooks, d_sae(full))
     out["attribution"] = (run_flops, full_flops, a100["bfloat16"])
 

@@ -4,11 +4,11 @@ and the L0 controller), `baseline` (every behaviour's baseline metrics), `behavi
 attribution nodes, faithfulness and completeness with controls, head ablations; and the
 attribution graph's page with the steering results), `provenance`
 (the reproducibility checklist), `gpu_hours` (GPU-hours of a full run from the GPU benchmark
-suite's results) and `job_costs` (wall time, memory and GPU-hours of every job). HTML pages for
-the report, CSVs beside them."""
+suite's results), `job_costs` (wall time, memory and GPU-hours of every job) and `features`
+(the feature browser of every dictionary). HTML pages for the report, CSVs beside them."""
 
 from circuitflow import cli
-from circuitflow.report import stage
+from circuitflow.report import features_page, stage
 
 
 def run() -> None:
@@ -49,6 +49,18 @@ def run() -> None:
     p.add_argument("--outdir", required=True, help="results directory (holds benchmarks/)")
     p.add_argument("--environment", required=True, help="provenance/environment.json")
     cli.add_outputs(p, "csv", "html", "figure")
+    p = sub.add_parser("features", help="the feature browser of every dictionary")
+    p.add_argument(
+        "--features-dirs", nargs="+", required=True, help="features/{site}/layer_{layer} folders"
+    )
+    p.add_argument("--n-top", type=int, default=features_page.N_TOP, help="top contexts shown")
+    p.add_argument(
+        "--n-per-band",
+        type=int,
+        default=features_page.N_PER_BAND,
+        help="quantile-sampled contexts shown per band",
+    )
+    cli.add_outputs(p, "html")
     a, config = cli.parse(parser)
     if a.command == "sae":
         stage.sae_summary(a.saes, a.out_csv, a.out_html, a.out_figure, a.out_controller)
@@ -66,6 +78,8 @@ def run() -> None:
         stage.gpu_hours(
             a.suite, config, a.reference_config, a.out_csv, a.out_html, a.gpu, a.max_runtime or None
         )
+    elif a.command == "features":
+        features_page.write_feature_browser_of(a.features_dirs, a.out_html, a.n_top, a.n_per_band)
     else:
         stage.job_costs(config, a.outdir, a.environment, a.out_csv, a.out_html, a.out_figure)
 

@@ -59,6 +59,12 @@ def mlp_hook(layer: int) -> str:
     return f"blocks.{int(layer)}.hook_mlp_out"
 
 
+def dictionary_anchor(site: str, layer: int) -> str:
+    """A dictionary's anchor in the report's feature browser (`resid_post.1`); its features'
+    are `Node.anchor` (`resid_post.1.f355`)."""
+    return f"{site}.{int(layer)}"
+
+
 @dataclass(frozen=True, order=True)
 class Node:
     """One node. `layer` is -1 for the embedding; `index` the head or feature, else -1; `site`
@@ -116,6 +122,13 @@ class Node:
             "mlp": f"MLP{self.layer}",
             "error": f"{self.site}{self.layer}/err",
         }.get(self.kind, f"{self.site}{self.layer}/F{self.index}")
+
+    @property
+    def anchor(self) -> str:
+        """A feature's card in the report's feature browser: `features.html#<anchor>`."""
+        if self.kind != "feature":
+            raise ValueError(f"only a feature has a card in the feature browser, not {self.id}")
+        return f"{dictionary_anchor(self.site, self.layer)}.f{self.index}"
 
     @property
     def order(self) -> float:

@@ -90,39 +90,6 @@ def spliced_sae_flops_per_token(d_in: int, d_sae: int) -> float:
     return 6.0 * d_in * d_sae
 
 
-def attribution_passes(
-    model_cfg, n_saes: int, acfg, n_prompts: int, d_sae: int | None = None
-) -> dict[str, float]:
-    """Forward-pass equivalents per prompt of each part of the attribution stage (the parts its
-    PassCounter names), for `n_prompts` prompts and config `acfg` (AttributionConfig), read off
-    the loops of attribution/scores.py and attribution/graph.py and the method's registry record
-    (attribution/methods: its `passes`). A backward with frozen weights computes input
-    gradients only: it counts two forwards. Exact patching, edges and their validation run on
-    the validation prompts only, reusing the score pass's clean metric and gradients there
-    (scores.Kept); they are upper bounds where the work depends on the scores (features that
-    never move, nodes without upstream nodes).
-    """
-    method = acfg.method_record  # perf imports no stage: splice imports it
-    layers, heads = model_cfg.n_layers, model_cfg.n_heads
-    # The corrupted forward both share, then the method's own passes (its registry record).
-    parts = {method.name: 1.0 + method.passes(acfg)}
-    share = min(acfg.validation_prompts, n_prompts) / max(n_prompts, 1)
-    features = acfg.validation_features
-    if d_sae is not None:
-        features = min(features, n_saes * d_sae)
-    exact = 1 + layers + n_saes + min(acfg.validation_heads, layers * heads) + features
-    parts["exact"] = share * (1.0 + exact)  # a corrupted forward, one per node
-    # Clean and corrupted forwards, one cut forward per upstream node (the gradients: kept).
-    # Bridges (graph.py): at most an error node and `bridge_features` features per SAE.
-    bridges = n_saes * (1 + acfg.bridge_features) if acfg.bridge_features else 0
-    upstream = acfg.max_graph_nodes + bridges
-    parts["edges"] = share * (2.0 + upstream)
-    if acfg.validation_edges:
-        # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
-        parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
-    return parts
-
-
 def roofline_share(flops_per_item: float, items_per_s: float, peak: float) -> float:
     return flops_per_item * items_per_s / peak
 

@@ -33,9 +33,9 @@ from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
+from circuitflow.description import describe
 from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
-from circuitflow.model import architectures
 from circuitflow.model import plan as model_plan
 from circuitflow.sae import plan as sae_plan
 
@@ -187,8 +187,7 @@ def measured_rates(config: dict, rule: str, cluster: Cluster) -> dict[str, float
     no suite result names that GPU, or the rule's stage is not in it."""
     if not gpus(config, rule):
         return None
-    key = architectures.architecture_key(config["model"]["name"])
-    return measured.rule_rates(cluster.gpu_type, rule, key)
+    return measured.rule_rates(cluster.gpu_type, rule, describe(config).model.architecture)
 
 
 def work_seconds(config: dict, rule: str, cluster: Cluster, behaviour: str | None = None) -> float:

@@ -352,12 +352,12 @@ def test_cumulative_keep():
 
 @pytest.mark.parametrize("method", list(methods.REGISTRY))
 def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
-    """perf.attribution_passes (what the GPU-hours estimate charges) against the count the
+    """attribution_plan.passes (what the GPU-hours estimate charges) against the count the
     stage keeps where it runs the model: equal where the work is fixed by the config, an upper
     bound where it depends on the scores."""
     from dataclasses import replace
 
-    from circuitflow import perf
+    from circuitflow.attribution import plan as attribution_plan
     from circuitflow.attribution import stage
 
     model, saes, prompts = tiny
@@ -376,7 +376,7 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     graph = stage.build_graph(prompts, scored, cfg, meta)
     counted = scored.scores.spliced.counter.summary(len(prompts))["forward_equivalents_by_part"]
     n_nodes = sum(node["id"] != "logit" for node in graph["nodes"])
-    planned = perf.attribution_passes(
+    planned = attribution_plan.passes(
         model.cfg,
         len(saes),
         replace(cfg, max_graph_nodes=n_nodes, bridge_features=0),
@@ -385,7 +385,7 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     )
     assert set(counted) == set(planned)
     # With the bridges left to the planner, it plans for as many as every SAE could add.
-    bound = perf.attribution_passes(model.cfg, len(saes), cfg, len(prompts), D_SAE)["edges"]
+    bound = attribution_plan.passes(model.cfg, len(saes), cfg, len(prompts), D_SAE)["edges"]
     assert counted["edges"] <= bound
     for part in (method, "exact", "edges"):
         assert counted[part] == pytest.approx(planned[part]), part

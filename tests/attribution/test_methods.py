@@ -1,5 +1,6 @@
 """The attribution-method registry (attribution/methods): the schema, the config, the scores, the
-edges and perf's pass counts all read it, so a method added there runs everywhere."""
+edges and the planned pass counts (attribution/plan.py) all read it, so a method added there runs
+everywhere."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 from helpers.spliced import D_SAE, tiny_spliced
 
 from circuitflow import config as cf
-from circuitflow import perf
 from circuitflow.attribution import graph as circuit_graph
 from circuitflow.attribution import methods, scores
+from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.methods import Method, atp
 from circuitflow.errors import ConfigError
@@ -47,7 +48,7 @@ def test_config_accepts_registered_methods_only():
 
 
 def test_perf_charges_the_records_passes(tiny, monkeypatch):
-    """perf.attribution_passes takes the score pass from the record (plus the corrupted forward
+    """attribution_plan.passes takes the score pass from the record (plus the corrupted forward
     before it), whatever it is; the edges reuse its gradients, so charge no pass of it."""
     record = Method(
         name="probe",
@@ -61,13 +62,13 @@ def test_perf_charges_the_records_passes(tiny, monkeypatch):
     cfg = AttributionConfig(
         method="probe", ig_steps=2, validation_prompts=4, max_graph_nodes=7, bridge_features=0
     )
-    planned = perf.attribution_passes(model_cfg, 2, cfg, 8, D_SAE)
+    planned = attribution_plan.passes(model_cfg, 2, cfg, 8, D_SAE)
     assert planned["probe"] == 1.0 + 14.0
     assert planned["edges"] == 4 / 8 * (2.0 + 7)
     # The two registered methods: a corrupted forward, a clean one, a forward and backward
     # per step (ig) or one (atp).
-    ig = perf.attribution_passes(model_cfg, 2, replace(cfg, method="ig"), 8, D_SAE)
-    at = perf.attribution_passes(model_cfg, 2, replace(cfg, method="atp"), 8, D_SAE)
+    ig = attribution_plan.passes(model_cfg, 2, replace(cfg, method="ig"), 8, D_SAE)
+    at = attribution_plan.passes(model_cfg, 2, replace(cfg, method="atp"), 8, D_SAE)
     assert (ig["ig"], ig["edges"]) == (2.0 + 3.0 * 2, 4 / 8 * (2.0 + 7))
     assert (at["atp"], at["edges"]) == (4.0, 4 / 8 * (2.0 + 7))
 
@@ -81,7 +82,8 @@ def test_a_registered_method_runs_through_scores_edges_and_the_count(tiny, monke
     """A record added to the registry alone (no other change) is the one scores.score_nodes and
     graph.compute_edges run, under its own name: a method that doubles atp's scores and
     gradients gives twice atp's node scores and inner edge weights (edges into the logit are
-    exact, so unchanged), and the stage's pass count for it is what perf plans from its record."""
+    exact, so unchanged), and the stage's pass count for it is what attribution/plan.py plans
+    from its record."""
     monkeypatch.setitem(
         methods.REGISTRY,
         "doubled",
@@ -103,7 +105,7 @@ def test_a_registered_method_runs_through_scores_edges_and_the_count(tiny, monke
         assert got.frame[f"score_doubled{suffix}"].equals(2 * ref.frame[f"score_atp{suffix}"])
     assert got.frame["score_exact"].equals(ref.frame["score_exact"])
     counted = got.spliced.counter.summary(len(prompts))["forward_equivalents_by_part"]
-    planned = perf.attribution_passes(model.cfg, len(saes), cfg, len(prompts), D_SAE)
+    planned = attribution_plan.passes(model.cfg, len(saes), cfg, len(prompts), D_SAE)
     assert counted["doubled"] == pytest.approx(planned["doubled"])
     assert "atp" not in counted
 

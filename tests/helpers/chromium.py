@@ -33,11 +33,13 @@ def chromium() -> str:
     return shutil.which("chromium") or pytest.skip("chromium installed but not on PATH")
 
 
-def browse(browser: str, page: Path, *args: str) -> subprocess.CompletedProcess:
-    """Open `page` (a file) once with CHROMIUM_FLAGS and `args` (--dump-dom, --screenshot=...)."""
+def browse(browser: str, page: Path, *args: str, fragment: str = "") -> subprocess.CompletedProcess:
+    """Open `page` (a file) once with CHROMIUM_FLAGS and `args` (--dump-dom, --screenshot=...),
+    at `#fragment` when given."""
+    url = page.as_uri() + (f"#{fragment}" if fragment else "")
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
             capture_output=True,
             text=True,
             timeout=180,

@@ -31,10 +31,13 @@ def with_checks(page: Path, out: Path, checks_js: str = CHECKS_JS, **config) -> 
     return out
 
 
-def check_page(browser: str, page: Path, tmp: Path, checks_js: str = CHECKS_JS, **config) -> dict:
-    """The findings of `checks_js` (graph_page_checks.js) on `page` (see CONFIG there)."""
+def check_page(
+    browser: str, page: Path, tmp: Path, checks_js: str = CHECKS_JS, fragment: str = "", **config
+) -> dict:
+    """The findings of `checks_js` (graph_page_checks.js) on `page` (see CONFIG there), opened
+    at `#fragment` when given."""
     checked = with_checks(page, tmp / f"checks_{page.name}", checks_js, **config)
-    done = browse(browser, checked, "--dump-dom")
+    done = browse(browser, checked, "--dump-dom", fragment=fragment)
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'data-checks="([^"]*)"', done.stdout)
     assert found, "the checks did not run: " + done.stdout[-2000:]

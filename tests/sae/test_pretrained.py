@@ -19,12 +19,13 @@ from sae_lens import SAE
 from safetensors.torch import save_file
 
 from circuitflow import config as cf_config
-from circuitflow import resources
+from circuitflow import description, resources
 from circuitflow.capture import tokens as capture_tokens
 from circuitflow.errors import ConfigError, InputError
 from circuitflow.model.load import load_for_analysis
 from circuitflow.model.load import prefetch_stage as prefetch_model
-from circuitflow.sae import pretrained, pretrained_plan, pretrained_stage
+from circuitflow.sae import pretrained, pretrained_stage
+from circuitflow.sae.lifecycle import METRICS_KEYS
 from circuitflow.sae.metrics import evaluate_sae
 
 torch.set_num_threads(1)
@@ -137,6 +138,7 @@ def test_local_dictionary_is_written_and_measured_on_the_run(run_inputs, archite
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk.keys() == metrics.keys() and on_disk["l0"] == metrics["l0"]
     assert metrics["source"] == "pretrained" and metrics["trained"] is False
+    assert set(METRICS_KEYS) <= metrics.keys() and metrics["kind"] == "sae"  # every source's
     assert metrics["tokens_trained"] == 0
     assert metrics["path"] == str(tmp_path / "dicts" / "resid_pre" / "layer_1")
     assert (metrics["site"], metrics["layer"], metrics["hook_name"]) == ("resid_pre", 1, hook)
@@ -542,8 +544,8 @@ def test_the_jobs_plan_follows_the_dictionarys_own_width(run_inputs, tmp_path):
     with the config's sae.expansion_factor."""
     narrow = resolved(run_inputs, _local(tmp_path / "narrow"))
     wide = resolved(run_inputs, _local(tmp_path / "wide", n_dead=4096))
-    assert pretrained_plan.dictionary_width(narrow, D) == 2 * D
-    assert pretrained_plan.dictionary_width(wide, D) == 2 * D + 4096
+    assert description.describe(narrow).widest() == 2 * D
+    assert description.describe(wide).widest() == 2 * D + 4096
     for config in (narrow, wide):
         assert config["sae"]["expansion_factor"] == narrow["sae"]["expansion_factor"]
     work = {

@@ -135,10 +135,10 @@ def test_corrupt_checkpoint_is_set_aside_and_training_goes_on(tmp_path, caplog):
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=16)
     cfg = SAETrainConfig.from_dict({**CFG, "total_tokens": 4_096, "checkpoint_every_tokens": 1024})
     ckpt_root = tmp_path / "ck"
-    from circuitflow.sae import stage as sae_stage
+    from circuitflow.sae import lifecycle
 
     # Stop right after the second checkpoint by faking a SIGTERM from inside the run.
-    orig = sae_stage.save_checkpoint
+    orig = lifecycle.save_checkpoint
     calls = []
 
     def save_then_stop(*a, **kw):
@@ -148,19 +148,19 @@ def test_corrupt_checkpoint_is_set_aside_and_training_goes_on(tmp_path, caplog):
             os.kill(os.getpid(), signal.SIGTERM)
         return path
 
-    sae_stage.save_checkpoint = save_then_stop
+    lifecycle.save_checkpoint = save_then_stop
     try:
         with pytest.raises(Interrupted):
             train_sae(acts, tmp_path / "out", cfg, model, checkpoint_dir=ckpt_root)
     finally:
-        sae_stage.save_checkpoint = orig
+        lifecycle.save_checkpoint = orig
     older, newest = list_checkpoints(ckpt_root)[-2:]
     tensors = newest / "tensors.safetensors"
     data = tensors.read_bytes()
     tensors.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
     with pytest.raises(CheckpointError, match=rf"{newest.name}.*truncated or corrupt"):
         load_checkpoint(newest)
-    state, _ = sae_stage.resume_state(ckpt_root, load_checkpoint(older)[1]["fingerprint"])
+    state, _ = lifecycle.resume_state(ckpt_root, load_checkpoint(older)[1]["fingerprint"])
     assert state["n_training_steps"] == load_checkpoint(older)[1]["n_training_steps"]
     assert (ckpt_root / "corrupt" / newest.name).is_dir() and not newest.exists()
     assert f"{newest.name}: checkpoint tensors are missing, truncated or corrupt" in caplog.text

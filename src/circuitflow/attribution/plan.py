@@ -7,20 +7,46 @@ from __future__ import annotations
 import torch
 
 from circuitflow.attribution import methods
-from circuitflow.memory import (
-    Estimate,
-    dtype_bytes,
-    load_bytes,
-    model_dtype,
-    n_hooks,
-    n_prompts,
-    prompt_length,
-)
+from circuitflow.description import Run, describe
+from circuitflow.memory import Estimate, dtype_bytes, load_bytes, model_dtype
 from circuitflow.memory.planning import mlp_copies, model_dims
-from circuitflow.model import architectures
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
-from circuitflow.perf import Work, attribution_passes
-from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.perf import Work
+from circuitflow.sae.plan import sae_param_bytes
+
+
+def passes(
+    model_cfg, n_saes: int, acfg, n_prompts: int, d_sae: int | None = None
+) -> dict[str, float]:
+    """Forward-pass equivalents per prompt of each part of the attribution stage (the parts its
+    PassCounter names), for `n_prompts` prompts and config `acfg` (AttributionConfig), read off
+    the loops of attribution/scores.py and attribution/graph.py and the method's registry record
+    (attribution/methods: its `passes`). A backward with frozen weights computes input
+    gradients only: it counts two forwards. Exact patching, edges and their validation run on
+    the validation prompts only, reusing the score pass's clean metric and gradients there
+    (scores.Kept); they are upper bounds where the work depends on the scores (features that
+    never move, nodes without upstream nodes).
+    """
+    method = acfg.method_record
+    layers, heads = model_cfg.n_layers, model_cfg.n_heads
+    # The corrupted forward both share, then the method's own passes (its registry record).
+    parts = {method.name: 1.0 + method.passes(acfg)}
+    share = min(acfg.validation_prompts, n_prompts) / max(n_prompts, 1)
+    features = acfg.validation_features
+    if d_sae is not None:
+        features = min(features, n_saes * d_sae)
+    exact = 1 + layers + n_saes + min(acfg.validation_heads, layers * heads) + features
+    parts["exact"] = share * (1.0 + exact)  # a corrupted forward, one per node
+    # Clean and corrupted forwards, one cut forward per upstream node (the gradients: kept).
+    # Bridges (graph.py): at most an error node and `bridge_features` features per SAE.
+    bridges = n_saes * (1 + acfg.bridge_features) if acfg.bridge_features else 0
+    upstream = acfg.max_graph_nodes + bridges
+    parts["edges"] = share * (2.0 + upstream)
+    if acfg.validation_edges:
+        # Clean and corrupted forwards, one cut forward per upstream node, one per edge.
+        parts["edge_validation"] = share * (2.0 + 2.0 * acfg.validation_edges)
+    return parts
+
 
 # The feature contexts encode the activation file this many rows at a time.
 CONTEXT_CHUNK_ROWS = 16384
@@ -100,35 +126,48 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of an attribution job's work at `attribution.batch_size`, the kept gradients
     of the largest behaviour's validation prompts included; on CPU at least the feature
     contexts' chunk (three d_sae-wide fp32 tensors a row); a real model's load where that is
-    more."""
-    cfg = architectures.model_cfg(config)
-    n_params = architectures.n_params(cfg)
+    more. Every spliced SAE is planned at the widest one's width (the run's description)."""
+    run = describe(config)
+    n_params = run.model.n_params
     attr = config["attribution"]
-    d_sae = sae_width(config, cfg.d_model)
-    kept = min(attr["validation_prompts"], n_prompts(config, None, attr.get("max_prompts")))
+    d_sae = run.spliced_width
+    kept = min(attr["validation_prompts"], run.n_prompts(None, attr.get("max_prompts")))
     est = estimate_attribution(
-        cfg, n_params, prompt_length(config, cfg), n_hooks(config), d_sae,
+        run.model.cfg, n_params, run.prompt_length, len(run.spliced), d_sae,
         model_dtype(config, device), device, attr["method"], kept,
     )  # fmt: skip
     work = est.host_peak(int(attr["batch_size"]))
     if not device.startswith("cuda"):
         work = max(work, est.weights + CONTEXT_CHUNK_ROWS * d_sae * 4 * 3)
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, work)
+    return max(0 if run.model.embedded else load_bytes(n_params), work)
+
+
+def prompt_work(run: Run, acfg, n_prompts: int, prompt_length: int | None = None):
+    """(forward-pass equivalents a prompt by part, FLOPs of one such pass) of attribution over
+    `n_prompts` prompts of `prompt_length` tokens (the run's planned length when None), every
+    spliced SAE at the widest one's width: what the job's walltime and the report's GPU-hours
+    both charge."""
+    hooks, d_sae = len(run.spliced), run.spliced_width
+    t = run.prompt_length if prompt_length is None else prompt_length
+    parts = passes(run.model.cfg, hooks, acfg, n_prompts, d_sae)
+    return parts, attribution_forward_flops_per_prompt(run.model.cfg, t, hooks, d_sae)
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
-    """The behaviour's prompts times the passes perf.attribution_passes counts (the method, exact
-    patching, edges and their validation) of a forward with every SAE spliced, and the feature
-    contexts' encoding."""
+    """The behaviour's prompts times the passes `passes` counts (the method, exact patching,
+    edges and their validation) of a forward with every SAE spliced (prompt_work), and the
+    feature contexts' encoding."""
     from circuitflow.attribution.config import AttributionConfig
 
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
     acfg = AttributionConfig.from_dict(config["attribution"])
-    hooks, d_sae = n_hooks(config), sae_width(config, cfg.d_model)
-    n = n_prompts(config, behaviour, acfg.max_prompts)
-    passes = sum(attribution_passes(cfg, hooks, acfg, n, d_sae).values())
-    per_pass = attribution_forward_flops_per_prompt(cfg, prompt_length(config, cfg), hooks, d_sae)
-    contexts = acfg.context_max_tokens * hooks * 2 * cfg.d_model * d_sae
+    n = run.n_prompts(behaviour, acfg.max_prompts)
+    parts, per_pass = prompt_work(run, acfg, n)
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
-    return Work({dtype: n * passes * per_pass + contexts})
+    return Work({dtype: n * sum(parts.values()) * per_pass + contexts_flops(run, acfg)})
+
+
+def contexts_flops(run: Run, acfg) -> int:
+    """The feature contexts' encoding: `attribution.context_max_tokens` rows through every
+    spliced SAE's encoder."""
+    return acfg.context_max_tokens * len(run.spliced) * 2 * run.model.d_model * run.spliced_width

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from circuitflow import dictionary_sources
+from circuitflow import description, dictionary_sources
 from circuitflow.memory import (
     MiB,
     capture_hooks,
@@ -25,11 +25,9 @@ WRITE_BUFFER_BYTES = 8 * MiB
 
 
 def context_length(config: dict, model_cfg) -> int:
-    """Tokens of a capture context, BOS included: `capture.context_length`, else the model's
-    context (a real model's at most 128)."""
-    real = config["model"]["name"] != "embedded"
-    n_ctx = getattr(model_cfg, "n_ctx", 128)
-    return config["capture"]["context_length"] or (min(n_ctx, 128) if real else n_ctx)
+    """Tokens of a capture context, BOS included (description.context_length)."""
+    n_ctx = getattr(model_cfg, "n_ctx", description.REAL_CONTEXT)
+    return description.context_length(config, n_ctx)
 
 
 def contexts(config: dict, model_cfg) -> tuple[int, int, int]:

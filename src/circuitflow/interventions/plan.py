@@ -7,18 +7,10 @@ import math
 
 import torch
 
-from circuitflow.memory import (
-    estimate_forward,
-    load_bytes,
-    model_dtype,
-    n_hooks,
-    n_prompts,
-    prompt_length,
-)
-from circuitflow.model import architectures
+from circuitflow.description import Run, describe
+from circuitflow.memory import estimate_forward, load_bytes, model_dtype
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
-from circuitflow.sae.plan import sae_width
 
 
 def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
@@ -65,25 +57,35 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of an interventions job's work: `batch_size` x `runs_per_pass` sequences a
     forward pass (float32, logits included), or a real model's load where that is more."""
-    cfg = architectures.model_cfg(config)
-    n_params = architectures.n_params(cfg)
+    run = describe(config)
+    n_params = run.model.n_params
     iv = config["interventions"]
     batch = int(iv["batch_size"]) * int(iv["runs_per_pass"])
-    plen = prompt_length(config, cfg)
-    est = estimate_forward(cfg, n_params, plen, None, 0, torch.float32, "float32", device)
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, est.host_peak(batch))
+    est = estimate_forward(
+        run.model.cfg, n_params, run.prompt_length, None, 0, torch.float32, "float32", device
+    )
+    return max(0 if run.model.embedded else load_bytes(n_params), est.host_peak(batch))
+
+
+def prompt_work(run: Run, icfg, prompt_length: int | None = None):
+    """(forward passes a prompt by part, an upper bound, and FLOPs of one such pass) of the
+    interventions over prompts of `prompt_length` tokens (the run's planned length when None),
+    every spliced SAE at the widest one's width: what the job's walltime and the report's
+    GPU-hours both charge."""
+    hooks, d_sae = len(run.spliced), run.spliced_width
+    t = run.prompt_length if prompt_length is None else prompt_length
+    parts = passes(run.model.cfg, hooks, d_sae, icfg)
+    return parts, attribution_forward_flops_per_prompt(run.model.cfg, t, hooks, d_sae)
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     """The behaviour's prompts times the bound on the runs (`passes`), each a forward pass of
-    every prompt with every SAE spliced."""
+    every prompt with every SAE spliced (prompt_work)."""
     from circuitflow.interventions.config import InterventionsConfig
 
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
     icfg = InterventionsConfig.from_dict(config["interventions"])
-    hooks, d_sae = n_hooks(config), sae_width(config, cfg.d_model)
-    n = n_prompts(config, behaviour, icfg.max_prompts)
-    per_pass = attribution_forward_flops_per_prompt(cfg, prompt_length(config, cfg), hooks, d_sae)
+    n = run.n_prompts(behaviour, icfg.max_prompts)
+    parts, per_pass = prompt_work(run, icfg)
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
-    return Work({dtype: n * sum(passes(cfg, hooks, d_sae, icfg).values()) * per_pass})
+    return Work({dtype: n * sum(parts.values()) * per_pass})

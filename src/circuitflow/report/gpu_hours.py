@@ -11,12 +11,15 @@ For a resolved config whose model the suite covers (GPT-2 small, Qwen2.5-0.5B):
 - attribution: per behaviour, `n_prompts` (or `max_prompts`) prompts; the suite times the fast
   pass (atp: 4 forward-pass equivalents); the configured method, exact patching, edges and
   their validation (on `validation_prompts` prompts) are counted in forward-pass equivalents
-  (perf.attribution_passes, checked against the stage's own count by tests/attribution) and
-  charged at the same rate;
-- baseline (two forward passes a prompt) and interventions (interventions.plan.passes, an upper
-  bound checked against the stage's own count on the default run by
-  tests/workflow/test_default_model.py, every SAE spliced) at
-  the rate the suite measured for a bare forward pass.
+  by the stage's plan (attribution/plan.py, `prompt_work`: the count its walltime charges,
+  checked against the stage's own count by tests/attribution) and charged at the same rate;
+- baseline (two forward passes a prompt) and interventions (interventions/plan.py,
+  `prompt_work`: an upper bound checked against the stage's own count on the default run by
+  tests/workflow/test_default_model.py, every SAE spliced) at the rate the suite measured for a
+  bare forward pass.
+
+Every dictionary is counted at its own width (circuitflow.description: a published one's
+cfg.json, else the config's).
 
 When the suite ran on an A100 the hours are measured A100-hours. Otherwise they are projected to
 an A100: the stage is assumed to reach the same share of the A100's datasheet peak (bf16 312
@@ -30,18 +33,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from circuitflow import perf
+from circuitflow import description, perf
 from circuitflow.cluster import Cluster
 from circuitflow.errors import InputError
-from circuitflow.memory import capture_hooks, n_dictionaries
+from circuitflow.memory import capture_hooks
 from circuitflow.model import architectures
-from circuitflow.model.flops import attribution_forward_flops_per_prompt, forward_flops_per_token
+from circuitflow.model.flops import forward_flops_per_token
 
 if TYPE_CHECKING:
     from circuitflow.sae.config import SAETrainConfig
@@ -122,6 +125,49 @@ def _sae_record(suite: dict, model: str, sae: SAETrainConfig, d_sae: int) -> tup
     return max(records, key=lambda r: r["d_sae"]), False
 
 
+@dataclass(frozen=True)
+class PromptStage:
+    """A prompt stage's count over every behaviour: its prompts, forward-pass equivalents a
+    prompt by part (averaged over the prompts), the FLOPs of one such pass and in all."""
+
+    prompts: int
+    passes: dict[str, float]
+    per_pass: float
+    flops: float
+
+
+def prompt_flops(config: dict, prompt_length: int) -> dict[str, PromptStage]:
+    """Attribution's and the interventions' counts over every behaviour at `prompt_length`
+    tokens a prompt, by the stages' own plans (attribution/plan.py and interventions/plan.py,
+    `prompt_work`) over the run's description: the count their walltimes charge, at the length
+    the suite measured its rates at. Attribution's feature contexts are not charged here."""
+    from circuitflow.attribution import plan as attribution_plan
+    from circuitflow.attribution.config import AttributionConfig
+    from circuitflow.interventions import plan as interventions_plan
+    from circuitflow.interventions.config import InterventionsConfig
+
+    run = description.describe(config)
+    acfg = AttributionConfig.from_dict(config["attribution"])
+    icfg = InterventionsConfig.from_dict(config["interventions"])
+    stages = (
+        ("attribution", acfg.max_prompts,
+         lambda n: attribution_plan.prompt_work(run, acfg, n, prompt_length)),
+        ("interventions", icfg.max_prompts,
+         lambda n: interventions_plan.prompt_work(run, icfg, prompt_length)),
+    )  # fmt: skip
+    out = {}
+    for stage, cap, work in stages:
+        counts = [run.n_prompts(b, cap) for b, _ in run.prompts]
+        per_behaviour = [work(n) for n in counts]
+        per_pass = per_behaviour[0][1]  # the same pass for every behaviour
+        weighted = [(p, n) for (p, _), n in zip(per_behaviour, counts, strict=True)]
+        prompts = sum(counts)
+        passes = {k: sum(p[k] * n for p, n in weighted) / prompts for k in weighted[0][0]}
+        flops = sum(n * sum(p.values()) * per_pass for p, n in weighted)
+        out[stage] = PromptStage(prompts, passes, per_pass, flops)
+    return out
+
+
 def estimate(
     suite: dict, config: dict, allow_small: bool = False, gpu: str = A100, cluster=None
 ) -> pd.DataFrame:
@@ -132,10 +178,7 @@ def estimate(
     `cluster`: the profile's circuitflow.cluster.Cluster, whose walltime cap splits the
     streaming jobs as its dry run does (default: none, every job on a `gpu`).
     """
-    from circuitflow.attribution.config import AttributionConfig
     from circuitflow.capture.config import CaptureConfig
-    from circuitflow.interventions.config import InterventionsConfig
-    from circuitflow.sae.config import SAETrainConfig
 
     if suite["mode"] == "small" and not allow_small:
         raise ValueError(
@@ -149,7 +192,7 @@ def estimate(
             f"{', '.join(architectures.ARCHITECTURES)}"
         )
     arch = architectures.config(key)
-    n_hooks = n_dictionaries(config)
+    n_hooks = len(description.describe(config).dictionaries)
     rows = []
 
     cap = CaptureConfig.from_dict(config["capture"])
@@ -163,48 +206,33 @@ def estimate(
         rows.append(_pretrained_row(suite, config, key, arch, ctx, n_hooks, gpu, cluster))
     else:
         rows.extend(_capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu))
-    sae = SAETrainConfig.from_dict(config["sae"])
-    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
-
     rec = _one(suite, key, "attribution")
-    acfg = AttributionConfig.from_dict(config["attribution"])
-    n_prompts = [b["n_prompts"] for b in config["behaviours"].values()]
-    counts = [min(n, acfg.max_prompts or math.inf) for n in n_prompts]
-    prompts = sum(counts)
-    per_behaviour = [perf.attribution_passes(arch, n_hooks, acfg, n, d_sae) for n in counts]
-    passes = {
-        k: sum(p[k] * n for p, n in zip(per_behaviour, counts, strict=True)) / prompts
-        for k in per_behaviour[0]
-    }
-    per_pass = attribution_forward_flops_per_prompt(arch, rec["prompt_length"], n_hooks, d_sae)
-    work_flops = prompts * sum(passes.values()) * per_pass
-    share_model = forward_flops_per_token(arch, rec["prompt_length"]) * rec["prompt_length"]
-    model_part = share_model / per_pass
+    plen = rec["prompt_length"]
+    counted = prompt_flops(config, plen)
+    attr = counted["attribution"]
+    prompts, passes, work_flops = attr.prompts, attr.passes, attr.flops
+    share_model = forward_flops_per_token(arch, plen) * plen
+    model_part = share_model / attr.per_pass
     peak = 1 / (model_part / _peak(gpu, "bfloat16") + (1 - model_part) / _peak(gpu, "float32"))
     s, source = _seconds(rec, work_flops, peak, suite, gpu)
     detail = ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
     source += (
-        f"; {acfg.method}: {sum(passes.values()):.1f} forward-pass equivalents a prompt "
-        f"({detail}) at the measured atp rate, prompts of {rec['prompt_length']} tokens"
+        f"; {config['attribution']['method']}: {sum(passes.values()):.1f} forward-pass "
+        f"equivalents a prompt ({detail}) at the measured atp rate, prompts of {plen} tokens"
     )
     n_beh = len(config["behaviours"])
     rows.append(_row("attribution", n_beh, prompts, "prompts", work_flops, s, source))
 
     # Baseline and interventions: forward passes of the plain model (interventions: with every
     # SAE spliced), at the rate the suite measured for a bare forward pass.
-    from circuitflow.interventions import plan as interventions_plan
-
-    plen = rec["prompt_length"]
     rec = _one(suite, key, "forward")
-    icfg = InterventionsConfig.from_dict(config["interventions"])
-    n_all = sum(n_prompts)
-    n_iv = sum(min(n, icfg.max_prompts or math.inf) for n in n_prompts)
+    n_all = sum(b["n_prompts"] for b in config["behaviours"].values())
     work_flops = 2 * n_all * plen * forward_flops_per_token(arch, plen)
     s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     source += "; 2 forward passes a prompt (clean, corrupted) at the measured forward rate"
     rows.insert(0, _row("baseline", n_beh, n_all, "prompts", work_flops, s, source))
-    passes = interventions_plan.passes(arch, n_hooks, d_sae, icfg)
-    work_flops = n_iv * sum(passes.values()) * per_pass
+    iv = counted["interventions"]
+    n_iv, passes, work_flops = iv.prompts, iv.passes, iv.flops
     s, source = _seconds(rec, work_flops, _peak(gpu, "bfloat16"), suite, gpu)
     detail = ", ".join(f"{k} {v:.0f}" for k, v in passes.items())
     source += (
@@ -248,7 +276,7 @@ def _capture_rows(suite, config, key, arch, cap, ctx, per_ctx, n_hooks, gpu) -> 
     rows.append(_row("capture", 1, tokens, "tokens", tokens * flops, s, source))
 
     sae = SAETrainConfig.from_dict(config["sae"])
-    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
+    d_sae = description.describe(config).widest()
     rec, exact = _sae_record(suite, key, sae, d_sae)
     flops = perf.sae_training_flops_per_token(arch.d_model, d_sae)
     work = n_hooks * sae.total_tokens
@@ -267,7 +295,7 @@ def _stream_row(suite, config, key, arch, ctx, per_ctx, gpu, cluster) -> dict[st
     from circuitflow.sae.config import SAETrainConfig
 
     sae = SAETrainConfig.from_dict(config["sae"])
-    d_sae = sae.d_sae or sae.expansion_factor * arch.d_model
+    d_sae = description.describe(config).widest()
     groups = stream_groups.stream_groups(config, cluster, on_gpu=True)
     n_saes = sum(len(g.members) for g in groups)
     rec, exact = _sae_record(suite, key, sae, d_sae)

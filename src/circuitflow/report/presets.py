@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitflow.attribution.plan import estimate_attribution
+from circuitflow.description import trained_width
 from circuitflow.memory import (
     PLANNED_PROMPT_LENGTH,
     MiB,
@@ -57,7 +58,7 @@ def gpu_presets(
             cfg = architectures.config(name)
             n_params = architectures.n_params(cfg)
             d, layers = cfg.d_model, cfg.n_layers
-            d_sae = PRESET_SAE[1] * d
+            d_sae = trained_width(None, PRESET_SAE[1], d)
             estimates = {
                 "capture": estimate_forward(
                     cfg, n_params, PRESET_CONTEXT, layers, layers, gpu.dtype, "float16", "cuda"

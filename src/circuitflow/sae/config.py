@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from circuitflow import dictionary_sources
+from circuitflow.description import trained_width
 from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
 from circuitflow.sae.sparsity import SparsityControllerConfig
@@ -133,7 +134,10 @@ def check(config: dict, dims: dict[str, int]) -> None:
     tokens. `dims`: the model's d_model and n_ctx where known without loading it
     (config.model_dims)."""
     sae, capture = config["sae"], config["capture"]
-    d_sae = sae["d_sae"] or (sae["expansion_factor"] * dims["d_model"] if dims else None)
+    d_model = dims["d_model"] if dims else None
+    d_sae = (
+        trained_width(sae["d_sae"], sae["expansion_factor"], d_model) if d_model else sae["d_sae"]
+    )
     where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
     architecture = architectures.get(sae["architecture"])
     if sae["trainer"] == "fast" and not architecture.sparse_trainer:

@@ -12,6 +12,7 @@ from transformer_lens import HookedTransformer
 from circuitflow.devices import precise_math
 from circuitflow.metrics import next_token_losses
 from circuitflow.perf import PassCounter
+from circuitflow.sae.plan import EVAL_BATCH
 from circuitflow.sae.transcoder import is_transcoder
 
 
@@ -100,7 +101,7 @@ def evaluate_sae(
     *,
     exclude_bos: bool,
     bos_token_id: int,
-    batch_size: int = 16,
+    batch_size: int = EVAL_BATCH,
     counter: PassCounter | None = None,
 ) -> dict[str, float | None]:
     """Return l0, explained_variance, ce_clean, ce_sae, ce_zero and ce_loss_recovered, in
@@ -156,7 +157,7 @@ def evaluate_transcoders(
     *,
     exclude_bos: bool,
     bos_token_id: int,
-    batch_size: int = 16,
+    batch_size: int = EVAL_BATCH,
     counter: PassCounter | None = None,
 ) -> dict[str, Any]:
     """Transcoders measured on the model, every MLP in `transcoders` ({layer: transcoder})

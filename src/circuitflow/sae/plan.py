@@ -7,17 +7,14 @@ from __future__ import annotations
 import torch
 
 from circuitflow.capture.files import chunk_rows_for
-from circuitflow.capture.plan import context_length
+from circuitflow.description import describe
 from circuitflow.memory import (
     Estimate,
     dtype_bytes,
     estimate_forward,
     load_bytes,
     model_dtype,
-    n_dictionaries,
-    n_transcoders,
 )
-from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work, sae_training_flops_per_token
 from circuitflow.sae.config import HOOKS_READ
@@ -30,7 +27,9 @@ SAE_NARROW_PER_ROW = 8
 # step holds temporaries (sqrt and quotient of the second moment) on top: 5.75 copies measured.
 SAE_OPTIMISER_COPIES = 5.75
 SAE_AUTO_MAX_BATCH = 16384  # sae.batch_size auto: the largest power of two up to this that fits
-EVAL_BATCH = 16  # contexts a pass of the evaluation takes (sae.metrics)
+# Contexts a pass of a dictionary's evaluation takes (sae.metrics, every source's), which the
+# plans size its memory by.
+EVAL_BATCH = 16
 
 
 def sae_param_bytes(d_in: int, d_sae: int, dtype_size: int = 4) -> int:
@@ -97,23 +96,6 @@ def estimate_sae_training(
     )
 
 
-# Attribution: a forward with gradients on through every layer with the SAEs spliced, then the
-# backward. Per token and layer, TransformerLens saves for the backward the LayerNorm (RMSNorm)
-# chains of its four norm calls, q/k/v/z and the residual adds' operands (ATTRIBUTION_RESID, in
-# d_model-wide tensors), the MLP activation's inputs (_mlp_copies) and 2.5 [heads, t, t] tensors
-# (softmax output and the cleaned pattern); the attribution keeps the corrupted and clean
-# activations and their gradients. Per token overall: the embedding's chain, the final norm and
-# ATTRIBUTION_LOGITS copies of the logits (and their gradient); per spliced SAE 3.3 d_sae-wide
-# fp32 tensors (features, their gradient, the corrupted features). Fixed: the weight copies the
-# backward keeps (W_O and, in gated MLPs, W_gate, W_in and W_out per layer; W_U). Counted on CPU
-
-
-def sae_width(config: dict, d_in: int) -> int:
-    """The SAE's latents: `sae.d_sae`, else `sae.expansion_factor` x d_in."""
-    sae = config["sae"]
-    return sae["d_sae"] or sae["expansion_factor"] * d_in
-
-
 def training_batch(config: dict) -> int:
     """Rows a training step takes: `sae.batch_size`; `auto` planned at the largest it may pick."""
     sae = config["sae"]
@@ -127,27 +109,26 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     the model resident for the spliced evaluation (estimate_sae_training), or a real model's
     load where that is more. transcoder_replacement: the model, every transcoder and a batch
     of the evaluation (a forward pass to the logits, one layer's features)."""
-    cfg = architectures.model_cfg(config)
-    n_params = architectures.n_params(cfg)
+    run = describe(config)
+    cfg, n_params = run.model.cfg, run.model.n_params
     if rule == "transcoder_replacement":
-        d_sae, t = sae_width(config, cfg.d_model), context_length(config, cfg)
+        d_sae, t = run.transcoder_width, run.context_length
         est = estimate_forward(
             cfg, n_params, t, None, 1, torch.float32, "float32", device,
-            buffers=n_transcoders(config) * sae_param_bytes(cfg.d_model, d_sae),
+            buffers=len(run.transcoders) * sae_param_bytes(cfg.d_model, d_sae),
         )  # fmt: skip
         host = est.host_peak(EVAL_BATCH) + EVAL_BATCH * t * d_sae * 4 * 2
-        real = config["model"]["name"] != "embedded"
-        return max(load_bytes(n_params) if real else 0, host)
+        return max(0 if run.model.embedded else load_bytes(n_params), host)
     sae, capture = config["sae"], config["capture"]
     n_rows = capture["n_tokens"]
     est = estimate_sae_training(
-        cfg.d_model, sae_width(config, cfg.d_model), sae["architecture"], device, n_rows,
+        cfg.d_model, run.widest(), sae["architecture"], device, n_rows,
         sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
         resident=n_params * dtype_bytes(model_dtype(config, device)),
         n_files=HOOKS_READ[sae["kind"]],
     )  # fmt: skip
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, est.host_peak(training_batch(config)))
+    work = est.host_peak(training_batch(config))
+    return max(0 if run.model.embedded else load_bytes(n_params), work)
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
@@ -155,16 +136,15 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     from the activation file, and the evaluation's passes (clean, spliced, ablated) over
     `sae.eval_contexts` contexts. transcoder_replacement: the evaluation's passes, and every
     transcoder's encoder and decoder twice (the clean run's statistics, the replaced run)."""
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
+    cfg, t = run.model.cfg, run.context_length
     sae = config["sae"]
     tokens = sae["total_tokens"]
-    t = context_length(config, cfg)
     evaluation = 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
     if rule == "transcoder_replacement":
-        width = sae_width(config, cfg.d_model)
-        dictionaries = 2 * n_transcoders(config) * 4.0 * cfg.d_model * width
+        dictionaries = sum(2 * 4.0 * cfg.d_model * d.width for d in run.transcoders)
         return Work({"float32": evaluation + sae["eval_contexts"] * t * dictionaries})
-    training = tokens * sae_training_flops_per_token(cfg.d_model, sae_width(config, cfg.d_model))
+    training = tokens * sae_training_flops_per_token(cfg.d_model, run.widest())
     # A transcoder reads its input and its target.
     read = HOOKS_READ[sae["kind"]] * tokens * cfg.d_model * dtype_bytes(config["capture"]["dtype"])
     return Work({"float32": training + evaluation}, disk_bytes=read)
@@ -176,8 +156,8 @@ SAE_CHECKPOINT_COPIES = 2 * 3
 
 
 def disk_bytes(config: dict) -> dict[str, int]:
-    """Bytes of the SAEs (fp32 parameters, every hook) and of their checkpoints while every SAE
-    trains at once."""
-    cfg = architectures.model_cfg(config)
-    weights = n_dictionaries(config) * sae_param_bytes(cfg.d_model, sae_width(config, cfg.d_model))
+    """Bytes of the dictionaries (fp32 parameters, every one at its own width) and of their
+    checkpoints while every SAE trains at once."""
+    run = describe(config)
+    weights = sum(sae_param_bytes(run.model.d_model, d.width) for d in run.dictionaries)
     return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * weights}

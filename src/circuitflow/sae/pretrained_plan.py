@@ -6,24 +6,22 @@ jobs are: circuitflow.stream_groups, `sae.stream.layers_per_job`), one dictionar
 with the model loaded once: its memory is its widest member's, its work the sum of its
 members'. The rule table passes the group's key (`resid_pre:0,resid_pre:1`) as `job`.
 
-A published dictionary's width is its own, not the config's: it is read from its cfg.json (a
-local directory, or a release's once prefetch_saes has put it in the Hugging Face cache; jobs
-are planned when they are scheduled, after the prefetch), else taken as the config's
-`sae.expansion_factor` x d_model."""
+A published dictionary's width is its own, not the config's, as the run's description states it
+(circuitflow.description: its cfg.json, a local directory's or a release's once prefetch_saes
+has put it in the Hugging Face cache; jobs are planned when they are scheduled, after the
+prefetch), else the config's `sae.expansion_factor` x d_model."""
 
 from __future__ import annotations
 
 import torch
 
-from circuitflow.capture.plan import context_length
+from circuitflow.description import describe
 from circuitflow.memory import estimate_forward, load_bytes
-from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
-from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.sae.plan import EVAL_BATCH, sae_param_bytes
 from circuitflow.sae.stream_plan import StreamGroup
 
-EVAL_BATCH = 16  # contexts a pass of the evaluation takes (pretrained_stage.EVAL_BATCH)
 ENCODES = 3  # the SAE runs on the statistics' rows, in the spliced pass and in the firing pass
 
 
@@ -39,29 +37,6 @@ def group_of(config: dict, job: str | None) -> StreamGroup:
     return StreamGroup.parse(job) if job else StreamGroup(tuple(members(config)))
 
 
-def dictionary_width(config: dict, d_model: int, group: StreamGroup | None = None) -> int:
-    """The widest d_sae of the group's dictionaries (every configured one without a group)
-    where their cfg.json can be read, else the config's width (sae.plan.sae_width)."""
-    from circuitflow.errors import ConfigError, InputError
-    from circuitflow.sae import pretrained
-
-    widths = []
-    group = group or group_of(config, None)
-    p = config["sae"]["pretrained"]
-    try:
-        for d in (pretrained.dictionary_for(p, site, layer) for site, layer in group.members):
-            if d.path is not None:
-                view = pretrained.read_local(d.path)
-            else:
-                rel = pretrained.resolve_release(d.release, d.sae_id)
-                view = pretrained.release_view(rel, config["model"]["hf_cache"]) or {}
-            if isinstance(view.get("d_sae"), int):
-                widths.append(view["d_sae"])
-    except (ConfigError, InputError, KeyError, TypeError):
-        pass  # not readable here: the job refuses it in one line
-    return max(widths) if widths else sae_width(config, d_model)
-
-
 def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> int:
     """Host bytes of the work. prefetch_saes: one dictionary loaded at a time (its parameters
     and the copy they are read into). pretrained_sae (`job`: its group's key): the model in
@@ -69,14 +44,14 @@ def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> i
     into), one dictionary at a time (the group's widest), a batch of the evaluation (a forward
     pass to the logits, the features of its rows), or a real model's load where that is
     more."""
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
+    cfg = run.model.cfg
     group = group_of(config, job if rule == "pretrained_sae" else None)
-    d_sae = dictionary_width(config, cfg.d_model, group)
+    d_sae = run.widest(group.members)
     sae_bytes = sae_param_bytes(cfg.d_model, d_sae)
     if rule == "prefetch_saes":
         return 2 * sae_bytes
-    n_params = architectures.n_params(cfg)
-    t = context_length(config, cfg)
+    n_params, t = run.model.n_params, run.context_length
     features = t * d_sae * 4 * 2  # a row's features and their non-zero mask, per context
     est = estimate_forward(
         cfg, n_params, t, None, 1, torch.float32, "float32", device,
@@ -85,8 +60,7 @@ def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> i
     host = est.host_peak(EVAL_BATCH)
     if not device.startswith("cuda"):
         host += EVAL_BATCH * features
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, host)
+    return max(0 if run.model.embedded else load_bytes(n_params), host)
 
 
 def job_work(config: dict, rule: str, job: str | None = None) -> Work | None:
@@ -96,14 +70,14 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work | None:
     prefetch_saes: none counted (its time is the download)."""
     if rule != "pretrained_sae":
         return None
-    cfg = architectures.model_cfg(config)
-    t = context_length(config, cfg)
+    run = describe(config)
+    cfg, t = run.model.cfg, run.context_length
     n = config["sae"]["eval_contexts"]
     flops = 0.0
     for site, layer in group_of(config, job).members:
         passes = 3 * forward_flops_per_token(cfg, t) + forward_flops_per_token(
             cfg, t, layer + 1, unembed=False
         )
-        d_sae = dictionary_width(config, cfg.d_model, StreamGroup(((site, layer),)))
+        d_sae = run.dictionary(site, layer).width
         flops += n * t * (passes + ENCODES * 4.0 * cfg.d_model * d_sae)
     return Work({"float32": flops})

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from circuitflow.errors import InputError
-from circuitflow.io import atomic_dir, sha256_files, write_json
+from circuitflow.io import sha256_files, write_json
 from circuitflow.sae.config import SAETrainConfig
+from circuitflow.sae.plan import EVAL_BATCH
 from circuitflow.sae.pretrained import (
     CFG_FILE,
     WEIGHTS_FILE,
@@ -46,7 +47,6 @@ from circuitflow.sae.pretrained import (
 )
 
 log = logging.getLogger(__name__)
-EVAL_BATCH = 16  # contexts a pass of the evaluation takes (sae.metrics.evaluate_sae's batch)
 
 
 def _model_info(model_json: Path | str) -> dict:
@@ -224,11 +224,11 @@ def run_group(
 
 
 def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, t0):
-    """One member: adapted, written to `out_dir` (atomically) and evaluated from there; its
-    metrics.json (wall_time_s from `t0`: the first member's includes loading the model)."""
-    from sae_lens import SAE
-
+    """One member: adapted, written to `out_dir` and evaluated from there (sae.lifecycle's
+    writer); its metrics.json (wall_time_s from `t0`: the first member's includes loading the
+    model)."""
     from circuitflow import memory
+    from circuitflow.sae.lifecycle import dictionary_kind, write_dictionary
 
     centre, unknown = model_kwargs_effect(loaded.view, model.cfg.normalization_type)
     if unknown:
@@ -242,16 +242,14 @@ def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, 
         except ValueError as err:
             raise InputError(f"{d.key}: {d.label}: {err}") from None
     exclude_bos = bool(config["capture"]["exclude_bos"])
-    with atomic_dir(out_dir) as tmp:
-        loaded.sae.save_model(tmp)
-        # Evaluated as attribution and interventions will load it, from the written directory.
-        saved = SAE.load_from_disk(tmp, device=device).eval()
+
+    def measure(saved) -> dict[str, Any]:
         quality = evaluate(model, saved, d, contexts, exclude_bos, int(meta["bos_token_id"]))
-        metrics = {
+        return {
             **quality,
-            "source": "pretrained",
             "trained": False,
             "tokens_trained": 0,
+            "kind": dictionary_kind(saved),
             **describe(d, loaded),
             "centering_folded": centre,
             "d_sae": saved.cfg.d_sae,
@@ -260,5 +258,6 @@ def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, 
             "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
             "resumed": False,
         }
-        write_json(tmp / "metrics.json", metrics)
-    return metrics
+
+    # Evaluated as attribution and interventions will load it, from the written directory.
+    return write_dictionary(out_dir, "pretrained", loaded.sae.save_model, device, measure)

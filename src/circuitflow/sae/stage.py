@@ -1,12 +1,13 @@
 """The train_sae stage: train one SAE on one layer's captured activations, resumably.
 
-Steps: `resume_state` (the newest checkpoint, if it was made for this config and input), `plan`
-(the batch size, from memory when `sae.batch_size: auto`), `train` (SAELens's trainer, or for
-TopK and BatchTopK its sparse variant in sae.fast, streaming batches from the HDF5 file,
-checkpointing every `checkpoint_every_tokens` and on SIGTERM), `summarise` (the saved SAE
-reloaded from disk and measured on the model) and `write` (the SAE in SAELens's format and
-metrics.json, replacing the output directory atomically). Checkpoints live outside the output
-directory, because Snakemake deletes a `directory()` output before a retry.
+Steps: `resume_state` (the newest checkpoint, if it was made for this config and input: the
+fingerprint rule of sae.lifecycle), `plan` (the batch size, from memory when `sae.batch_size:
+auto`), `train` (SAELens's trainer, or for TopK and BatchTopK its sparse variant in sae.fast,
+streaming batches from the HDF5 file, checkpointing every `checkpoint_every_tokens` and on
+SIGTERM), then the SAE written in SAELens's format, reloaded from disk and measured on the model
+(`summarise`) into metrics.json, replacing the output directory atomically (sae.lifecycle's
+writer, as every source's). Checkpoints live outside the output directory, because Snakemake
+deletes a `directory()` output before a retry.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,40 +24,35 @@ import torch
 from circuitflow import memory
 from circuitflow.capture.files import ActivationFileInfo, read_activation_info
 from circuitflow.devices import resolve_device
-from circuitflow.errors import CheckpointError, ConfigError
-from circuitflow.io import atomic_dir, write_json
-from circuitflow.perf import PassCounter
-from circuitflow.resumable import Interrupted, sigterm_flag
+from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
 from circuitflow.sae import plan as sae_plan
-from circuitflow.sae.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    set_aside,
-)
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import evaluate_dictionary
-from circuitflow.sae.sparsity import SparsityController, plot_history
+from circuitflow.sae.lifecycle import (
+    HeldOut,
+    Session,
+    checkpointing,
+    fingerprint,
+    fit,
+    param_bytes,
+    resume_state,
+    start_clock,
+    trained_metrics,
+    write_trained,
+)
+from circuitflow.sae.sparsity import SparsityController
 from circuitflow.sae.trainer import (
     ControlledSAETrainer,
-    RunClock,
-    dead_window_steps,
-    fingerprint,
     restore,
     trainer_config,
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.transcoder import PairedActivationStream, check_pair, save_dictionary
+from circuitflow.sae.transcoder import PairedActivationStream, check_pair
 
 log = logging.getLogger(__name__)
-
-
-def param_bytes(module: Any) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 # --- plan -----------------------------------------------------------------------------------------
@@ -95,28 +90,6 @@ def plan_auto_batch(
     return plan
 
 
-def resume_state(ckpt_root: Path, fp: str) -> tuple[dict | None, dict[str, torch.Tensor]]:
-    """(state, tensors) of the newest sound checkpoint under `ckpt_root` made for fingerprint
-    `fp`; (None, {}) when there is none, or when it was made for another config or input
-    (deleted). A damaged checkpoint (truncated by a full disk, bit rot) is set aside with a
-    warning and the one before it is tried: a retry never fails on it again (no crash loop on
-    Slurm retries), and with none left training starts over."""
-    while (ckpt := latest_checkpoint(ckpt_root)) is not None:
-        try:
-            tensors, state = load_checkpoint(ckpt)
-        except CheckpointError as err:
-            aside = set_aside(ckpt)
-            log.warning("%s; set aside as %s, trying the previous checkpoint", err, aside)
-            continue
-        if state.get("fingerprint") != fp:
-            log.warning("%s: checkpoint is for another config or input; starting over", ckpt)
-            shutil.rmtree(ckpt_root)
-            return None, {}
-        log.info("resumed from %s at %d tokens", ckpt, state["n_training_samples"])
-        return state, tensors
-    return None, {}
-
-
 def plan(
     cfg: SAETrainConfig, info: ActivationFileInfo, device: str, model: Any, state: dict | None
 ) -> SAETrainConfig:
@@ -126,6 +99,12 @@ def plan(
         return cfg
     batch = (state or {}).get("batch_size") or plan_auto_batch(cfg, info, device, model).batch_size
     return dataclasses.replace(cfg, batch_size=int(batch))
+
+
+def capture_fingerprint(cfg: SAETrainConfig, info: ActivationFileInfo) -> str:
+    """sae.lifecycle.fingerprint with what the SAE trains on: the activation file's model,
+    token set, hook and rows."""
+    return fingerprint(cfg, info.model_hash, info.token_set_hash, info.hook_name, info.n_tokens)
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -165,9 +144,7 @@ class Inputs:
 class Trained:
     trainer: ControlledSAETrainer
     controller: SparsityController | None
-    tokens_at_start: int  # tokens trained before this session (a resumed run)
-    session_s: float  # wall time of this session's training loop
-    clock: RunClock  # wall time over every session
+    session: Session
 
 
 def train(
@@ -179,8 +156,8 @@ def train(
     state: dict | None,
     tensors: dict[str, torch.Tensor],
 ) -> Trained:
-    """Train to `cfg.total_tokens`, from the checkpoint `state` when given. Checkpoints every
-    `checkpoint_every_tokens`; on SIGTERM checkpoints at the next step and raises Interrupted."""
+    """Train to `cfg.total_tokens`, from the checkpoint `state` when given, checkpointing as
+    sae.lifecycle.checkpointing says (on SIGTERM: at the next step, then Interrupted)."""
     info = inputs.info
     torch.manual_seed(cfg.seed)
     hook_out = inputs.target.hook_name if inputs.target else ""
@@ -192,7 +169,7 @@ def train(
         if coefficient
         else None
     )
-    clock = RunClock()
+    clock = start_clock(state)
     stream = inputs.stream(
         ActivationStreamConfig(
             batch_size=cfg.batch_size,
@@ -202,96 +179,40 @@ def train(
         ),
         state["data_position"] if state else 0,
     )
-    last_ckpt = state["n_training_samples"] if state else 0
 
-    with sigterm_flag() as stop:
+    with checkpointing(ckpt_root, cfg, trainer_cfg.total_training_samples, state) as ckpts:
 
         def after_step(tr: ControlledSAETrainer) -> None:
-            nonlocal last_ckpt
-            done = tr.n_training_samples >= trainer_cfg.total_training_samples
-            due = tr.n_training_samples - last_ckpt >= cfg.checkpoint_every_tokens
-            if stop.requested or (due and not done):
-                save_checkpoint(
-                    ckpt_root,
-                    tr.n_training_steps + 1,
-                    trainer_tensors(tr),
-                    trainer_state(tr, stream, clock, fp),
-                )
-                last_ckpt = tr.n_training_samples
-                if stop.requested:
-                    raise Interrupted(
-                        f"SIGTERM: checkpointed at {tr.n_training_samples} tokens in {ckpt_root}"
-                    )
+            ckpts.after_step(
+                tr.n_training_samples,
+                tr.n_training_steps + 1,
+                lambda: trainer_tensors(tr),
+                lambda: trainer_state(tr, stream, clock, fp),
+            )
 
         trainer = build_trainer(cfg, trainer_cfg, sae, stream, controller, after_step)
         if state is not None:
             restore(trainer, tensors, state)
-            clock.elapsed_before = state["wall_time_s"]
-        tokens_at_start = trainer.n_training_samples
-        if torch.device(device).type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        try:
-            trainer.fit()
-        finally:
-            stream.close()
-    return Trained(trainer, controller, tokens_at_start, time.perf_counter() - t0, clock)
+        session = fit(trainer, stream, device, clock)
+    return Trained(trainer, controller, session)
 
 
 # --- summarise and write --------------------------------------------------------------------------
 def summarise(
     run: Trained, saved_sae, cfg: SAETrainConfig, inputs: Inputs, device: str, model
 ) -> dict[str, Any]:
-    """metrics.json: the saved SAE measured on the model, and how training went. A transcoder:
-    the explained variance of the MLP's output, and the losses with its MLP replaced by it."""
+    """metrics.json (sae.lifecycle.trained_metrics), measured on the activation file's last
+    `eval_contexts` contexts."""
     info = inputs.info
-    tr = run.trainer
-    since_fired = tr.n_forward_passes_since_fired
-    window = min(dead_window_steps(cfg), tr.n_training_steps)
-    contexts = load_eval_contexts(info, cfg.eval_contexts)
-    counter = PassCounter()  # the evaluation's model passes (training steps are tokens_trained)
-    quality = evaluate_dictionary(
-        model,
-        saved_sae,
-        info.layer,
-        contexts,
-        exclude_bos=info.bos_excluded,
-        bos_token_id=info.bos_token_id,
-        counter=counter,
+    held_out = HeldOut(
+        load_eval_contexts(info, cfg.eval_contexts), info.bos_excluded, info.bos_token_id
     )
-    history = run.controller.state.history if run.controller else []
-    resident = param_bytes(model)
-    return {
-        **quality,
-        "dead_fraction": (since_fired >= window).float().mean().item(),
-        "tokens_trained": tr.n_training_samples,
-        "wall_time_s": run.clock.elapsed(),
-        "tokens_per_s": (tr.n_training_samples - run.tokens_at_start) / run.session_s,
-        "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
-        # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch); on
-        # CPU, where peak_memory_mb is the process's resident peak, with the libraries too.
-        "planned_memory_mb": (
-            memory_estimate(cfg, info, device, resident).total(int(cfg.batch_size))
-            + (0 if device.startswith("cuda") else memory.runtime_bytes("model"))
-        )
-        / memory.MiB,
-        "kind": cfg.kind,
-        "architecture": cfg.architecture,
-        "d_in": info.d_in,
-        "d_sae": saved_sae.cfg.d_sae,
-        "hook_name": info.hook_name,
-        **({"hook_name_out": inputs.target.hook_name} if inputs.target else {}),
-        "layer": info.layer,
-        "site": inputs.site,
-        "device": device,
-        "resumed": run.tokens_at_start > 0,
-        "sparsity_coefficient": architectures.get(cfg.architecture).controlled_coefficient,
-        "controller_history": [
-            {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
-        ],
-        "config": cfg.to_dict(),
-        **counter.summary(len(contexts), unit="evaluation context"),
-    }
+    # The planner's estimate of the training loop's peak (model, SAE, optimiser, batch).
+    planned = memory_estimate(cfg, info, device, param_bytes(model)).total(int(cfg.batch_size))
+    return trained_metrics(
+        run.trainer, run.controller, run.session, cfg, saved_sae, (inputs.site, info.layer),
+        model, held_out, device, planned,
+    )  # fmt: skip
 
 
 def train_sae(
@@ -307,30 +228,19 @@ def train_sae(
     Resumes from the newest checkpoint in ``checkpoint_dir`` (default: ``{out_dir}.ckpt``).
     On SIGTERM, checkpoints at the next step and raises resumable.Interrupted.
     """
-    from sae_lens import SAE
-
     out_dir = Path(out_dir)
     ckpt_root = Path(checkpoint_dir or out_dir.with_name(out_dir.name + ".ckpt"))
     inputs = Inputs.read(cfg, activations)
     device = resolve_device(cfg.device)
-    fp = fingerprint(cfg, inputs.info)
+    info = inputs.info
+    fp = capture_fingerprint(cfg, info)
     state, tensors = resume_state(ckpt_root, fp)
-    cfg = plan(cfg, inputs.info, device, model, state)
+    cfg = plan(cfg, info, device, model, state)
     run = train(cfg, inputs, device, ckpt_root, fp, state, tensors)
-    # Save, reload from disk and evaluate the artifact exactly as downstream stages will see it.
-    with atomic_dir(out_dir) as tmp:
-        save_dictionary(run.trainer.sae, tmp)
-        saved = SAE.load_from_disk(tmp, device=device)
-        metrics = summarise(run, saved, cfg, inputs, device, model)
-        write_json(tmp / "metrics.json", metrics)
-        if metrics["controller_history"]:
-            history = run.controller.state.history
-            plot_history(
-                history,
-                cfg.target_l0,
-                metrics["sparsity_coefficient"],
-                tmp / "sparsity_control.png",
-            )
+    metrics = write_trained(
+        out_dir, "capture", run.trainer, run.controller, cfg, device,
+        lambda saved: summarise(run, saved, cfg, inputs, device, model),
+    )  # fmt: skip
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return metrics
 

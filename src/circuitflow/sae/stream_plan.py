@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitflow.capture.plan import context_length
+from circuitflow.description import describe
 from circuitflow.memory import Estimate, dtype_bytes, estimate_forward, load_bytes, model_dtype
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
@@ -28,7 +29,6 @@ from circuitflow.sae.plan import (
     SAE_NARROW_PER_ROW,
     SAE_OPTIMISER_COPIES,
     sae_param_bytes,
-    sae_width,
     training_batch,
 )
 from circuitflow.sites import dictionary_sites
@@ -225,7 +225,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
     n_contexts = n_train + sae.eval_contexts
     return estimate_stream(
         cfg, architectures.n_params(cfg), model_dtype(config, device), t, group.depth,
-        sae_width(config, cfg.d_model), sae.architecture, len(group.members), rows,
+        describe(config).widest(group.members), sae.architecture, len(group.members), rows,
         config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
         token_bytes=4 * n_contexts * t, hooks_per_sae=HOOKS_READ[sae.kind],
     )  # fmt: skip
@@ -285,7 +285,8 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     n_contexts = train_contexts(config, cfg)
     forward = n_contexts * t * forward_flops_per_token(cfg, t, group.depth, unembed=False)
     n = len(group.members)
-    training = n * sae["total_tokens"] * sae_flops(cfg.d_model, sae_width(config, cfg.d_model))
+    width = describe(config).widest(group.members)
+    training = n * sae["total_tokens"] * sae_flops(cfg.d_model, width)
     evaluation = n * 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
     flops = {dtype: forward, "float32": training + evaluation}

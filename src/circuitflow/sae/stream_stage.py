@@ -2,13 +2,14 @@
 layers from the model's own activations, one stream of forward passes for all of them, resumably.
 
 Steps, as in sae.stage: `resume_state` (the group's newest checkpoint, if made for this config,
-token set and group), `plan` (the SAE batch and the forward batch, from memory where not fixed;
-a resumed run keeps its own), `train` (SAELens's MultiSAETrainer stepping one of our trainers
-per SAE, ControlledSAETrainer or sae.fast's, in lockstep on a sae.stream.ModelActivationStream;
-checkpoints of every SAE and the stream position together, every `checkpoint_every_tokens` and
-on SIGTERM), then each SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`,
-reloaded and measured on the model (`metrics.json`, as train_sae writes it, with the stream's
-counted forward passes). No activation file is read or written.
+token set and group: sae.lifecycle's fingerprint rule), `plan` (the SAE batch and the forward
+batch, from memory where not fixed; a resumed run keeps its own), `train` (SAELens's
+MultiSAETrainer stepping one of our trainers per SAE, ControlledSAETrainer or sae.fast's, in
+lockstep on a sae.stream.ModelActivationStream; checkpoints of every SAE and the stream position
+together, every `checkpoint_every_tokens` and on SIGTERM: sae.lifecycle's cadence), then each
+SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`, reloaded and measured on
+the model (`metrics.json`, as train_sae writes it, with the stream's counted forward passes;
+sae.lifecycle's writer). No activation file is read or written.
 
 Checkpoint layout: `{checkpoint_dir}/step_{n}/` (sae.checkpoint) holds one tensor file with
 every member's weights, Adam state, firing statistics and RNG under `{i}/...` (member i, in the
@@ -19,11 +20,8 @@ batch sizes, the wall time and the forward passes counted so far.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,30 +35,35 @@ from circuitflow.capture.config import CaptureConfig
 from circuitflow.capture.tokens import last_contexts, read_token_set
 from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
-from circuitflow.io import atomic_dir, write_json
 from circuitflow.perf import PassCounter
-from circuitflow.resumable import Interrupted, sigterm_flag
 from circuitflow.sae import architectures
-from circuitflow.sae.checkpoint import save_checkpoint
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 from circuitflow.sae.fast import build_trainer
-from circuitflow.sae.metrics import as_hooked_sae_transformer, evaluate_dictionary
+from circuitflow.sae.lifecycle import (
+    HeldOut,
+    Session,
+    checkpointing,
+    fingerprint,
+    fit,
+    param_bytes,
+    resume_state,
+    start_clock,
+    trained_metrics,
+    write_trained,
+)
+from circuitflow.sae.metrics import as_hooked_sae_transformer
 from circuitflow.sae.plan import SAE_AUTO_MAX_BATCH
-from circuitflow.sae.sparsity import SparsityController, plot_history
-from circuitflow.sae.stage import param_bytes, resume_state
+from circuitflow.sae.sparsity import SparsityController
 from circuitflow.sae.stream import ModelActivationStream, StreamLayout
 from circuitflow.sae.stream_plan import StreamEstimate, StreamGroup, buffer_contexts
 from circuitflow.sae.stream_plan import estimate_stream as _estimate_stream
 from circuitflow.sae.trainer import (
     ControlledSAETrainer,
-    RunClock,
-    dead_window_steps,
     restore,
     trainer_config,
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.transcoder import is_transcoder, save_dictionary
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +102,11 @@ def stream_source(tokens: np.ndarray, meta: dict, capture: CaptureConfig) -> Str
     return StreamSource(tokens, meta, n_train, skip, capture.dtype)
 
 
-def fingerprint(cfg: SAETrainConfig, src: StreamSource, hooks: list[str], layout) -> str:
-    """What the checkpoint's weights depend on: the SAE config (less the keys that change no
-    weight), the model and token set, the group's hooks and the stream's layout and dtype."""
-    relevant = {
-        k: v
-        for k, v in cfg.to_dict().items()
-        if k not in ("checkpoint_every_tokens", "eval_contexts", "device", "stream", "pretrained")
-    }
-    blob = json.dumps(
-        [relevant, src.meta["model_hash"], src.meta["token_set_hash"], hooks,
-         dataclasses.asdict(layout), src.dtype, src.skip],
-        sort_keys=True,
-    )  # fmt: skip
-    return hashlib.sha256(blob.encode()).hexdigest()
+def stream_fingerprint(cfg: SAETrainConfig, src: StreamSource, hooks: list[str], layout) -> str:
+    """sae.lifecycle.fingerprint with what the stream trains on: the model and token set, the
+    group's hooks and the stream's layout and dtype."""
+    return fingerprint(cfg, src.meta["model_hash"], src.meta["token_set_hash"], hooks,
+                       dataclasses.asdict(layout), src.dtype, src.skip)  # fmt: skip
 
 
 # --- plan -----------------------------------------------------------------------------------------
@@ -255,9 +249,7 @@ class GroupRun:
     trainer: GroupTrainer
     controllers: dict[str, SparsityController | None]
     stream: ModelActivationStream
-    tokens_at_start: int
-    session_s: float
-    clock: RunClock
+    session: Session
     counter: PassCounter  # the stream's forward passes, every session's
 
 
@@ -311,40 +303,31 @@ def train(
             else None
         )
         trainers[hook] = build_trainer(cfg, trainer_cfg, sae, iter(()), controllers[hook])
-    clock = RunClock()
-    last_ckpt = state["n_training_samples"] if state else 0
+    clock = start_clock(state)
 
-    with sigterm_flag() as stop:
+    def group_state(gt: GroupTrainer) -> dict[str, Any]:
+        return {
+            "fingerprint": fp,
+            "members": [trainer_state(tr, stream, clock, fp) for tr in gt.trainers.values()],
+            # Saved before fit() increments the step counter.
+            "n_training_steps": gt.n_training_steps + 1,
+            "n_training_samples": gt.n_training_samples,
+            "data_position": stream.position,
+            "batch_size": p.batch_size,
+            "batch_contexts": stream.batch_contexts,
+            "wall_time_s": clock.elapsed(),
+            "forward_equivalents": counter.parts,
+        }
+
+    with checkpointing(ckpt_root, cfg, trainer_cfg.total_training_samples, state) as ckpts:
 
         def after_step(gt: GroupTrainer) -> None:
-            nonlocal last_ckpt
-            done = gt.n_training_samples >= trainer_cfg.total_training_samples
-            due = gt.n_training_samples - last_ckpt >= cfg.checkpoint_every_tokens
-            if stop.requested or (due and not done):
-                save_checkpoint(
-                    ckpt_root,
-                    gt.n_training_steps + 1,
-                    group_tensors(gt.trainers),
-                    {
-                        "fingerprint": fp,
-                        "members": [
-                            trainer_state(tr, stream, clock, fp) for tr in gt.trainers.values()
-                        ],
-                        # Saved before fit() increments the step counter.
-                        "n_training_steps": gt.n_training_steps + 1,
-                        "n_training_samples": gt.n_training_samples,
-                        "data_position": stream.position,
-                        "batch_size": p.batch_size,
-                        "batch_contexts": stream.batch_contexts,
-                        "wall_time_s": clock.elapsed(),
-                        "forward_equivalents": counter.parts,
-                    },
-                )
-                last_ckpt = gt.n_training_samples
-                if stop.requested:
-                    raise Interrupted(
-                        f"SIGTERM: checkpointed at {gt.n_training_samples} tokens in {ckpt_root}"
-                    )
+            ckpts.after_step(
+                gt.n_training_samples,
+                gt.n_training_steps + 1,
+                lambda: group_tensors(gt.trainers),
+                lambda: group_state(gt),
+            )
 
         batches = PairedBatches(stream, pairs, group.hooks) if pairs else stream
         group_trainer = GroupTrainer(trainer_cfg, trainers, batches, after_step)
@@ -353,19 +336,8 @@ def train(
                 restore(tr, member_tensors(tensors, i), state["members"][i])
             group_trainer.n_training_steps = state["n_training_steps"]
             group_trainer.n_training_samples = state["n_training_samples"]
-            clock.elapsed_before = state["wall_time_s"]
-        tokens_at_start = group_trainer.n_training_samples
-        if torch.device(device).type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        try:
-            group_trainer.fit()
-        finally:
-            stream.close()
-    return GroupRun(
-        group_trainer, controllers, stream, tokens_at_start, time.perf_counter() - t0, clock,
-        counter,
-    )  # fmt: skip
+        session = fit(group_trainer, stream, device, clock)
+    return GroupRun(group_trainer, controllers, stream, session, counter)
 
 
 # --- summarise and write --------------------------------------------------------------------------
@@ -381,55 +353,21 @@ def summarise(
     device: str,
     hooked,
 ) -> dict[str, Any]:
-    """metrics.json of one member: as train_sae writes it (the SAE measured on the model, on
-    the token set's held-out last `eval_contexts` contexts), with `source: stream` and the
-    stream's counted forward passes (`stream`, the same for every member of the job)."""
-    tr = run.trainer.trainers[hook]
-    since_fired = tr.n_forward_passes_since_fired
-    window = min(dead_window_steps(dataclasses.replace(cfg, batch_size=p.batch_size)),
-                 tr.n_training_steps)  # fmt: skip
-    contexts = last_contexts(src.tokens, cfg.eval_contexts)
-    counter = PassCounter()  # the evaluation's model passes
-    quality = evaluate_dictionary(
-        hooked,
-        saved_sae,
-        member[1],
-        contexts,
-        exclude_bos=bool(src.skip),
-        bos_token_id=int(src.meta["bos_token_id"]),
-        counter=counter,
+    """metrics.json of one member (`cfg` with the planned batch size): as train_sae writes it
+    (sae.lifecycle.trained_metrics, measured on the token set's held-out last `eval_contexts`
+    contexts), with the stream's counted forward passes (`stream`, the same for every member
+    of the job)."""
+    held_out = HeldOut(
+        last_contexts(src.tokens, cfg.eval_contexts), bool(src.skip), int(src.meta["bos_token_id"])
     )
-    controller = run.controllers[hook]
-    history = controller.state.history if controller else []
-    trained = tr.n_training_samples
-    contexts_trained = trained / src.rows_per_context
     planned = p.estimate.total(p.batch_size, p.batch_contexts)
-    planned += 0 if device.startswith("cuda") else memory.runtime_bytes("model")
-    return {
-        **quality,
-        "dead_fraction": (since_fired >= window).float().mean().item(),
-        "tokens_trained": trained,
-        "wall_time_s": run.clock.elapsed(),
-        "tokens_per_s": (trained - run.tokens_at_start) / run.session_s,
-        "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
-        "planned_memory_mb": planned / memory.MiB,
-        "kind": "transcoder" if is_transcoder(saved_sae) else "sae",  # this member's
-        "architecture": cfg.architecture,
-        "d_in": int(saved_sae.cfg.d_in),
-        "d_sae": saved_sae.cfg.d_sae,
-        "hook_name": saved_sae.cfg.metadata.hook_name,
-        **({"hook_name_out": hook} if is_transcoder(saved_sae) else {}),
-        "layer": member[1],
-        "site": member[0],
-        "device": device,
-        "resumed": run.tokens_at_start > 0,
-        "sparsity_coefficient": architectures.get(cfg.architecture).controlled_coefficient,
-        "controller_history": [
-            {"step": int(s), "l0": l0, "coefficient": c} for s, l0, c in history
-        ],
-        "config": dataclasses.replace(cfg, batch_size=p.batch_size).to_dict(),
-        **counter.summary(len(contexts), unit="evaluation context"),
-        "source": "stream",
+    tr = run.trainer.trainers[hook]
+    metrics = trained_metrics(
+        tr, run.controllers[hook], run.session, cfg, saved_sae, member, hooked, held_out, device,
+        planned,
+    )  # fmt: skip
+    contexts_trained = tr.n_training_samples / src.rows_per_context
+    return metrics | {
         "stream": {
             "members": group.hooks,
             "stop_at_layer": group.depth,
@@ -438,7 +376,7 @@ def summarise(
             "contexts_trained": contexts_trained,
             "contexts_forwarded": round(run.counter.total() * hooked.cfg.n_layers / group.depth),
             "training_contexts": src.n_train,
-            "epochs": trained / src.n_tokens,
+            "epochs": tr.n_training_samples / src.n_tokens,
             "buffer_contexts": p.layout.buffer_contexts,
             "batch_contexts": run.stream.batch_contexts,
             "batch_size": p.batch_size,
@@ -461,36 +399,26 @@ def train_stream_group(
     directory of `outs`; return each one's metrics by hook name. Resumes from the newest
     checkpoint in `checkpoint_dir`; on SIGTERM checkpoints at the next step and raises
     resumable.Interrupted."""
-    from sae_lens import SAE
-
     if len(members) != len(outs):
         raise ValueError(f"{len(members)} members for {len(outs)} output directories")
     group = StreamGroup(tuple(members))
     ckpt_root = Path(checkpoint_dir)
     device = resolve_device(cfg.device)
     src = stream_source(tokens, meta, capture)
-    probe = plan_layout(cfg, src)
-    fp = fingerprint(cfg, src, group.hooks, probe)
+    fp = stream_fingerprint(cfg, src, group.hooks, plan_layout(cfg, src))
     state, tensors = resume_state(ckpt_root, fp)
     p = plan(cfg, capture, src, group, model, device, state)
+    cfg = dataclasses.replace(cfg, batch_size=p.batch_size)
     run = train(cfg, src, group, p, model, device, ckpt_root, fp, state, tensors)
     hooked = as_hooked_sae_transformer(model)  # one copy for every member's evaluation
     results = {}
     for hook, member, out in zip(group.hooks, members, outs, strict=True):
-        # Save, reload from disk and evaluate the artifact exactly as downstream stages see it.
-        with atomic_dir(out) as tmp:
-            save_dictionary(run.trainer.trainers[hook].sae, tmp)
-            saved = SAE.load_from_disk(tmp, device=device)
-            metrics = summarise(run, hook, member, saved, cfg, src, p, group, device, hooked)
-            write_json(tmp / "metrics.json", metrics)
-            if metrics["controller_history"]:
-                plot_history(
-                    run.controllers[hook].state.history,
-                    cfg.target_l0,
-                    metrics["sparsity_coefficient"],
-                    tmp / "sparsity_control.png",
-                )
-        results[hook] = metrics
+        results[hook] = write_trained(
+            out, "stream", run.trainer.trainers[hook], run.controllers[hook], cfg, device,
+            lambda saved, hook=hook, member=member: summarise(
+                run, hook, member, saved, cfg, src, p, group, device, hooked
+            ),
+        )  # fmt: skip
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return results
 

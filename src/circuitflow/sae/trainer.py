@@ -4,8 +4,6 @@ checkpoints of its whole state (weights, Adam, schedulers, firing statistics, RN
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -144,20 +142,6 @@ class RunClock:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.started
-
-
-def fingerprint(cfg: SAETrainConfig, info: ActivationFileInfo) -> str:
-    # Eval and checkpoint cadence do not change the trained weights, so they may change on resume.
-    relevant = {
-        k: v
-        for k, v in cfg.to_dict().items()
-        if k not in ("checkpoint_every_tokens", "eval_contexts", "device")
-    }
-    blob = json.dumps(
-        [relevant, info.model_hash, info.token_set_hash, info.hook_name, info.n_tokens],
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def trainer_tensors(trainer: ControlledSAETrainer) -> dict[str, torch.Tensor]:

@@ -4,7 +4,7 @@ A record holds everything the pipeline needs from a method: its node-score pass 
 (`score_batch`, which scores.score_nodes runs on every prompt; it also returns the gradient of
 the metric at each node, which its scores used and which graph.compute_edges weights the edges
 by, kept for the validation prompts so the edges need no gradient pass of their own), its
-forward-pass equivalents per prompt (`passes`: perf.attribution_passes charges them, so the
+forward-pass equivalents per prompt (`passes`: attribution/plan.py's `passes` charges them, so the
 GPU-hours estimate and the stage's own count agree) and how the peak memory per prompt of its
 score pass compares with the one gradient pass that attribution/plan.py's estimate_attribution
 counts (`memory_factor`). Everything the methods share (the corrupted

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from circuitflow.attribution.plan import estimate_attribution
-from circuitflow.memory import load_bytes, n_prompts, n_transcoders, prompt_length
-from circuitflow.model import architectures
+from circuitflow.description import describe
+from circuitflow.memory import load_bytes
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
-from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.sae.plan import sae_param_bytes
 
 # A row's forward and backward through the frozen model, per prompt copy: the logits and their
 # gradient (fp32, [P, vocab] each), and per layer about this many d_model-wide fp32 tensors a
@@ -54,15 +54,15 @@ def graph_bytes(config: dict, device: str) -> dict[str, int]:
     stage's `fixed` weight copies of its backward), the rows
     computed before the graph is assembled (`store`) and the dense adjacency at its largest
     (`adjacency`)."""
-    cfg = architectures.model_cfg(config)
-    n_params = architectures.n_params(cfg)
-    positions = prompt_length(config, cfg)
-    d_sae = sae_width(config, cfg.d_model)
+    run = describe(config)
+    cfg, n_params, positions = run.model.cfg, run.model.n_params, run.prompt_length
+    d_sae = run.transcoder_width
     est = estimate_attribution(cfg, n_params, positions, 0, d_sae, torch.float32, device, "atp")
     per_copy = 4 * positions * (2 * cfg.d_vocab + ROW_RESID * cfg.n_layers * cfg.d_model)
     columns = active_features(config, positions) + (cfg.n_layers + 1) * positions + 1
+    transcoders = sum(sae_param_bytes(cfg.d_model, d.width) for d in run.transcoders)
     return {
-        "weights": n_params * 4 + n_transcoders(config) * sae_param_bytes(cfg.d_model, d_sae),
+        "weights": n_params * 4 + transcoders,
         "fixed": est.fixed_device,
         "rows": per_copy * config["attribution"]["prompt_graph_batch_size"],
         # The rows computed, over every active feature's column, and their folded copy.
@@ -73,10 +73,9 @@ def graph_bytes(config: dict, device: str) -> dict[str, int]:
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """graph_bytes in all; a real model's load where that is more."""
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
     work = sum(graph_bytes(config, device).values())
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(architectures.n_params(cfg)) if real else 0, work)
+    return max(0 if run.model.embedded else load_bytes(run.model.n_params), work)
 
 
 def graph_passes(config: dict, model_cfg, positions: int) -> int:
@@ -92,9 +91,9 @@ def graph_passes(config: dict, model_cfg, positions: int) -> int:
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     """The behaviour's graphs times graph_passes, of fp32 forward passes."""
-    cfg = architectures.model_cfg(config)
-    positions = prompt_length(config, cfg)
-    graphs = n_prompts(config, behaviour, config["attribution"]["prompt_graphs"] or None)
+    run = describe(config)
+    cfg, positions = run.model.cfg, run.prompt_length
+    graphs = run.n_prompts(behaviour, config["attribution"]["prompt_graphs"] or None)
     if not config["attribution"]["prompt_graphs"]:
         graphs = 0
     per_pass = attribution_forward_flops_per_prompt(cfg, positions, 0, 0)

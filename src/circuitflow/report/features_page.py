@@ -1,0 +1,269 @@
+"""The feature browser: every dictionary's features (the features stage's files) on one
+self-contained page (no network access needed).
+
+Input: for each dictionary (site, layer), its folder `features/{site}/layer_{layer}/` as
+`features/write.py` writes it (`features.parquet`, `contexts.parquet`, `summary.json`; that
+module's docstring is the contract). Python reads them and embeds what the page shows as JSON:
+per feature its index, label, density, maximum and mean activation, activation histogram
+(sparse: the bins with tokens), promoted and suppressed tokens with their logit effects, and its
+contexts (the first `n_top` top contexts and `n_per_band` quantile samples of each band, each a
+window of token ids with every token's activation, rounded to 4 significant digits); token
+strings are stored once per page (`vocab`: token id -> string). A token costs about 10 bytes
+of the page, a feature with the defaults (10 top and 10 quantile contexts of 17 tokens) about
+3 kB (3.1 kB measured on the embedded language: 788 kB for 2 x 131 features, k = 20, 4
+samples): 1.6 MB for a 512-feature dictionary of the embedded default, but some 75 MB for one of
+GPT-2 small's 24,576-feature SAEs. There write a page per dictionary (a one-entry mapping) and
+lower `n_top` and `n_per_band`.
+
+`features_page.js` (plain JavaScript, inlined) draws the dictionary's table (sortable by index,
+density, maximum and mean activation; searchable by index, label and token) and a feature's card
+(histogram, highlighted contexts, logit table); `features_page.css` styles it. A feature's card
+has the anchor `Node.anchor` (`#resid_post.1.f355`, circuitflow.nodes), so a graph page can link
+a feature node to `features.html#resid_post.1.f355`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from circuitflow.errors import InputError
+from circuitflow.io import json_text, write_text
+from circuitflow.nodes import dictionary_anchor
+
+__all__ = [
+    "N_PER_BAND",
+    "N_TOP",
+    "browser_html",
+    "dictionary_data",
+    "site_layer_of",
+    "write_feature_browser",
+    "write_feature_browser_of",
+]
+
+N_TOP = 10  # top contexts shown per feature
+N_PER_BAND = 2  # quantile-sampled contexts shown per band
+DIGITS = 4  # significant digits of the activations on the page
+FILES = ("features.parquet", "contexts.parquet", "summary.json")
+# summary.json keys the page shows in their own words; any other scalar key (the stage's
+# `meta`: hook, dictionary kind, which tokens were read) is listed as it is.
+SHOWN = {
+    "n_features", "n_tokens", "n_contexts", "context_length", "first_position", "k", "samples",
+    "seed", "hist_edges", "quantile_bands", "dense_threshold", "log_density_edges",
+    "log_density_hist", "dead", "dense", "dead_fraction", "dense_fraction", "labeller", "window",
+    "final_norm", "site", "layer",
+}  # fmt: skip
+
+
+def significant(values: np.ndarray, digits: int = DIGITS) -> np.ndarray:
+    """`values` rounded to `digits` significant digits (float64, so JSON prints them short)."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = 10.0 ** (digits - 1 - np.floor(np.log10(np.abs(v))))
+        out = np.round(v * scale) / scale
+    return np.where(np.isfinite(out), out, v)
+
+
+def _read(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    missing = [name for name in FILES if not (folder / name).is_file()]
+    if missing:
+        raise InputError(f"{folder}: missing {', '.join(missing)} (the features stage's files)")
+    try:
+        feats = pd.read_parquet(folder / "features.parquet").sort_values("feature")
+        ctx = pd.read_parquet(folder / "contexts.parquet")
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{folder}: cannot read the features stage's files: {e}") from e
+    return feats.reset_index(drop=True), ctx, summary
+
+
+def _kept_contexts(ctx: pd.DataFrame, n_top: int, n_per_band: int) -> pd.DataFrame:
+    """The contexts the page shows: top ones by rank, then each band's samples, band by band."""
+    keep = ((ctx["kind"] == "top") & (ctx["rank"] < n_top)) | (
+        (ctx["kind"] == "quantile") & (ctx["rank"] < n_per_band)
+    )
+    return ctx[keep].sort_values(["feature", "band", "rank"]).reset_index(drop=True)
+
+
+def _windows(ctx: pd.DataFrame) -> list[list[float]]:
+    """Each context's per-token activations, rounded once over all contexts."""
+    lengths = ctx["values"].map(len).to_numpy()
+    flat = significant(np.concatenate([*ctx["values"].to_numpy(), np.empty(0)]))
+    return [part.tolist() for part in np.split(flat, np.cumsum(lengths)[:-1])] if len(ctx) else []
+
+
+def dictionary_data(
+    site: str,
+    layer: int,
+    folder: Path | str,
+    vocab: dict[int, str],
+    n_top: int = N_TOP,
+    n_per_band: int = N_PER_BAND,
+) -> dict[str, Any]:
+    """What features_page.js reads of one dictionary; adds the token strings it uses to `vocab`."""
+    feats, ctx, summary = _read(Path(folder))
+    ctx = _kept_contexts(ctx, n_top, n_per_band)
+    for ids, strs in zip(feats["promoted_ids"], feats["promoted_str"], strict=True):
+        vocab.update(zip(map(int, ids), strs, strict=True))
+    for ids, strs in zip(feats["suppressed_ids"], feats["suppressed_str"], strict=True):
+        vocab.update(zip(map(int, ids), strs, strict=True))
+    for ids, strs in zip(ctx["tokens"], ctx["token_str"], strict=True):
+        vocab.update(zip(map(int, ids), strs, strict=True))
+    contexts: dict[int, list] = {}
+    bands: dict[int, dict[int, list]] = {}
+    values = _windows(ctx)
+    for r, vals in zip(ctx.itertuples(index=False), values, strict=True):
+        f, band = int(r.feature), int(r.band)
+        contexts.setdefault(f, []).append(
+            [band, float(significant(r.activation)), int(r.qualifying_index),
+             [int(t) for t in r.tokens], vals]
+        )  # fmt: skip
+        if band >= 0:
+            bands.setdefault(f, {})[band] = [
+                float(significant(r.band_lo)), float(significant(r.band_hi)),
+                float(significant(r.band_share)),
+            ]  # fmt: skip
+
+    def sparse_hist(h) -> list[list[int]]:
+        h = np.asarray(h)
+        return [[int(i), int(h[i])] for i in np.flatnonzero(h)]
+
+    def logit_rows(ids, vals) -> list[list]:
+        return [[int(i), float(v)] for i, v in zip(ids, significant(vals), strict=True)]
+
+    edges = summary["hist_edges"]
+    meta = {k: v for k, v in summary.items() if k not in SHOWN and isinstance(v, str | int | float)}
+    return {
+        "key": dictionary_anchor(site, layer),
+        "site": site,
+        "layer": int(layer),
+        "summary": {k: summary.get(k) for k in sorted(SHOWN - {"hist_edges", "dead", "dense"})}
+        | {"n_dead": len(summary.get("dead", [])), "n_dense": len(summary.get("dense", []))},
+        "meta": meta,
+        "hist_edges": [float("inf") if e is None else e for e in edges],
+        "features": {
+            "feature": feats["feature"].astype(int).tolist(),
+            "label": feats["label"].astype(str).tolist(),
+            "count": feats["count"].astype(int).tolist(),
+            "density": significant(feats["density"]).tolist(),
+            "max": significant(feats["max_activation"]).tolist(),
+            "mean": significant(feats["mean_activation"]).tolist(),
+            "dead": feats["dead"].astype(bool).tolist(),
+            "dense": feats["dense"].astype(bool).tolist(),
+            "hist": [sparse_hist(h) for h in feats["hist"]],
+            "promoted": [
+                logit_rows(i, v)
+                for i, v in zip(feats["promoted_ids"], feats["promoted_values"], strict=True)
+            ],
+            "suppressed": [
+                logit_rows(i, v)
+                for i, v in zip(feats["suppressed_ids"], feats["suppressed_values"], strict=True)
+            ],
+            "contexts": [contexts.get(int(f), []) for f in feats["feature"]],
+            "bands": [
+                {str(b): v for b, v in bands.get(int(f), {}).items()} for f in feats["feature"]
+            ],
+        },
+    }
+
+
+def _asset(name: str) -> str:
+    return resources.files("circuitflow.report").joinpath(name).read_text()
+
+
+def _json_for_script(data: dict[str, Any]) -> str:
+    """JSON safe inside <script>: no `</script>` or `<!--` can end or change the element."""
+    return json_text(data).replace("<", "\\u003c")
+
+
+CONTROLS = """
+<div id="dictionaries" role="tablist"></div>
+<div id="summary"></div>
+<div id="controls">
+  <label>search <select id="search-mode">
+    <option value="any">index, label or token</option><option value="index">index</option>
+    <option value="label">label</option><option value="token">token</option>
+  </select> <input type="search" id="search" placeholder="e.g. 355, fires on, Paris"></label>
+  <label>sort by <select id="sort">
+    <option value="feature">index</option><option value="density">density</option>
+    <option value="max">max activation</option><option value="mean">mean activation</option>
+  </select></label>
+  <label><input type="checkbox" id="descending"> descending</label>
+  <span id="counts"></span>
+</div>
+<p class="help">A token search matches a token the feature fires on in its top contexts or one
+it promotes (whole tokens, ignoring case and surrounding spaces); a label search any part of the
+label. Click a row (or a column title to sort by it) to open the feature's card; its address
+(<code>#site.layer.fINDEX</code>) opens that card directly. In the contexts each token is shaded
+by the feature's activation on it relative to the feature's maximum; the boxed token is the one
+the context was kept for.</p>
+"""
+
+
+def browser_html(
+    dictionaries: list[dict[str, Any]], vocab: dict[int, str], title: str = "Feature browser"
+) -> str:
+    """The page: title, dictionary tabs, controls, the table and the card, drawn by
+    features_page.js from the data (dictionary_data of each, and the vocab they filled)."""
+    data = _json_for_script({"dictionaries": dictionaries, "vocab": vocab})
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_asset('features_page.css')}</style></head>"
+        f"<body><h1>{html.escape(title)}</h1>{CONTROLS}"
+        '<div id="browser"><div id="table-scroll"><table id="features"><thead></thead>'
+        '<tbody></tbody></table><button id="more" hidden>show more</button></div>'
+        '<div id="card" hidden></div></div>'
+        f'<script type="application/json" id="feature-data">{data}</script>'
+        f"<script>{_asset('features_page.js')}</script></body></html>\n"
+    )
+
+
+def write_feature_browser(
+    feature_dirs: Mapping[tuple[str, int], Path | str],
+    out_html: Path | str,
+    title: str = "Feature browser",
+    n_top: int = N_TOP,
+    n_per_band: int = N_PER_BAND,
+) -> Path:
+    """Write the browser of the dictionaries `feature_dirs` ((site, layer) -> the folder
+    `features/{site}/layer_{layer}/`) to `out_html`, atomically; dictionaries in forward-pass
+    order of (layer, site)."""
+    if not feature_dirs:
+        raise InputError("feature browser: no feature directories given")
+    vocab: dict[int, str] = {}
+    dictionaries = [
+        dictionary_data(site, int(layer), folder, vocab, n_top, n_per_band)
+        for (site, layer), folder in sorted(feature_dirs.items(), key=lambda kv: kv[0][::-1])
+    ]
+    write_text(out_html, browser_html(dictionaries, dict(sorted(vocab.items())), title))
+    return Path(out_html)
+
+
+def site_layer_of(folder: Path | str) -> tuple[str, int]:
+    """(site, layer) of a folder `features/{site}/layer_{layer}` (features.write.feature_dir)."""
+    folder = Path(folder)
+    name, site = folder.name, folder.parent.name
+    if not name.startswith("layer_") or not name[6:].isdigit() or not site:
+        raise InputError(f"{folder}: not a features/{{site}}/layer_{{layer}} directory")
+    return site, int(name[6:])
+
+
+def write_feature_browser_of(
+    folders: list[Path | str], out_html: Path | str, n_top: int = N_TOP,
+    n_per_band: int = N_PER_BAND,
+) -> Path:  # fmt: skip
+    """write_feature_browser of the folders `features/{site}/layer_{layer}` (each named once)."""
+    dirs: dict[tuple[str, int], Path | str] = {}
+    for folder in folders:
+        key = site_layer_of(folder)
+        if key in dirs:
+            raise InputError(f"{folder}: {key[0]} layer {key[1]} given twice")
+        dirs[key] = folder
+    return write_feature_browser(dirs, out_html, n_top=n_top, n_per_band=n_per_band)

@@ -1,0 +1,158 @@
+"""The run's description (circuitflow.description): every dictionary's real width and where it
+came from, read by every plan that holds a dictionary, and one count of each stage's FLOPs that
+the walltimes (circuitflow.resources) and the report's GPU-hours share."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.dag import REPO
+from safetensors.torch import save_file
+
+from circuitflow import config as cf_config
+from circuitflow import description, resources
+from circuitflow.attribution import plan as attribution_plan
+from circuitflow.attribution.config import AttributionConfig
+from circuitflow.model import architectures
+from circuitflow.nodes import hook_name
+from circuitflow.report import gpu_hours
+from circuitflow.sae import pretrained_plan
+
+READY = sorted((REPO / "config").glob("*.yaml"))
+PUBLISHED = REPO / "config" / "gpt2-small-res-jb.yaml"
+
+
+def write_dictionary(folder: Path, site: str, layer: int, d_in: int, d_sae: int) -> None:
+    """A dictionary directory in SAELens's format as read_local checks it (the weights' names
+    are what it reads of them)."""
+    folder.mkdir(parents=True)
+    cfg = {"d_in": d_in, "d_sae": d_sae, "metadata": {"hook_name": hook_name(site, layer)}}
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    save_file(
+        {"W_enc": torch.zeros(1), "W_dec": torch.zeros(1)}, folder / "sae_weights.safetensors"
+    )
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> tuple[dict, dict[int, int]]:
+    """config/gpt2-small-res-jb.yaml on local dictionaries (`sae.pretrained.path`) whose widths
+    are not `sae.expansion_factor` x d_model: layer 0's 2,304 latents, the others' 24,576."""
+    config = cf_config.load(PUBLISHED)
+    d_model = architectures.model_cfg(config).d_model
+    root = tmp_path_factory.mktemp("published")
+    widths = {layer: 3 * d_model if layer == 0 else 32 * d_model for layer in config["layers"]}
+    for layer, width in widths.items():
+        write_dictionary(root / "resid_pre" / f"layer_{layer}", "resid_pre", layer, d_model, width)
+    config["sae"]["pretrained"] = {"path": str(root / "{site}" / "layer_{layer}")}
+    assert all(w != config["sae"]["expansion_factor"] * d_model for w in widths.values())
+    return config, widths
+
+
+def trained_at(config: dict, d_sae: int | None) -> dict:
+    """The same run with dictionaries trained at `d_sae` (None: the config's expansion)."""
+    trained = copy.deepcopy(config)
+    trained["sae"] = {**trained["sae"], "source": "capture", "d_sae": d_sae}
+    return trained
+
+
+def test_a_published_dictionary_is_described_at_its_own_width(published):
+    config, widths = published
+    run = description.describe(config)
+    assert {d.layer: d.width for d in run.dictionaries} == widths
+    assert run.widths_known and run.spliced_width == max(widths.values())
+    assert run.dictionary("resid_pre", 0).width_from.endswith("resid_pre/layer_0/cfg.json")
+    configured = description.describe(trained_at(config, None))
+    assert configured.widest() == config["sae"]["expansion_factor"] * run.model.d_model
+
+
+def test_splicing_stages_plan_published_dictionaries_at_their_width(published):
+    """Attribution and interventions plan a published run as the same run trained at the
+    dictionaries' (widest) width, not at `sae.expansion_factor` x d_model: their work, and
+    attribution's memory (the interventions' plan holds no dictionary: a forward pass's)."""
+    config, widths = published
+    same = trained_at(config, max(widths.values()))
+    configured = trained_at(config, None)
+    plans = {
+        "attribution work": lambda c: resources.job_work(c, "attribution", "ioi").flops,
+        "attribution memory": lambda c: resources.job_peak_bytes(c, "attribution", "cpu"),
+        "interventions work": lambda c: resources.job_work(c, "interventions", "ioi").flops,
+    }
+    for name, plan in plans.items():
+        assert plan(config) == plan(same), name
+        assert plan(config) != plan(configured), name
+
+
+def test_pretrained_jobs_plan_each_dictionary_at_its_width(published):
+    """A pretrained_sae job's work grows by the encoder and decoder of its dictionary's own
+    width (ENCODES x 4 d_model d_sae a position of each context), its memory by the widest
+    member's parameters."""
+    config, widths = published
+    d, t = 768, description.describe(config).context_length
+    n = config["sae"]["eval_contexts"]
+
+    def flops(job: str) -> float:
+        return resources.job_work(config, "pretrained_sae", job).flops["float32"]
+
+    # resid_pre at layers 0 and 1 as one job, against two jobs: the same model passes.
+    both, first, second = (
+        flops("resid_pre:0,resid_pre:1"),
+        flops("resid_pre:0"),
+        flops("resid_pre:1"),
+    )
+    assert both == pytest.approx(first + second, rel=1e-12)
+    encodes = pretrained_plan.ENCODES * 4.0 * d * n * t
+    model_passes = first - encodes * widths[0]
+    second_passes = second - encodes * widths[1]
+    # Layer 1's model passes go one layer deeper than layer 0's: the rest is the width.
+    assert 0 < second_passes - model_passes < 0.2 * model_passes
+    one = pretrained_plan.job_bytes(config, "prefetch_saes", "cpu")
+    assert one == 2 * (2 * d * max(widths.values()) + 2 * max(widths.values()) + d) * 4
+    small = pretrained_plan.job_bytes(config, "pretrained_sae", "cpu", "resid_pre:0")
+    wide = pretrained_plan.job_bytes(config, "pretrained_sae", "cpu", "resid_pre:0,resid_pre:1")
+    assert wide - small >= 2 * d * (widths[1] - widths[0]) * 4
+
+
+def test_a_release_not_fetched_yet_is_planned_again_once_it_is(tmp_path):
+    """Before prefetch_saes the release's width is the config's (and said so); once its
+    cfg.json is in the cache the description says its own width, not the one kept before."""
+    config = cf_config.load(PUBLISHED)
+    config["model"]["hf_cache"] = str(tmp_path)
+    config["layers"] = [0]
+    before = description.describe(config)
+    assert not before.widths_known
+    assert before.widest() == config["sae"]["expansion_factor"] * 768
+    assert "not readable yet" in before.dictionary("resid_pre", 0).width_from
+    repo = tmp_path / "hub" / "models--jbloom--GPT2-Small-SAEs-Reformatted"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    folder = repo / "snapshots" / commit / "blocks.0.hook_resid_pre"
+    folder.mkdir(parents=True)
+    (folder / "cfg.json").write_text(json.dumps({"d_in": 768, "d_sae": 24576}))
+    after = description.describe(config)
+    assert after.widths_known and after.widest() == 24576
+    assert "Hugging Face cache" in after.dictionary("resid_pre", 0).width_from
+
+
+@pytest.mark.parametrize("path", READY, ids=lambda p: p.name)
+def test_walltimes_and_gpu_hours_count_the_same_flops(path):
+    """For every ready config the GPU suite covers, the report's GPU-hours and the jobs'
+    walltimes (resources.job_work, every behaviour's job) count the same FLOPs for attribution
+    and the interventions at the same prompt length: only the rate they apply differs."""
+    config = cf_config.load(path)
+    if architectures.architecture_key(config["model"]["name"]) is None:
+        pytest.skip("the GPU suite does not cover this model")
+    run = description.describe(config)
+    counted = gpu_hours.prompt_flops(config, run.prompt_length)
+    contexts = attribution_plan.contexts_flops(
+        run, AttributionConfig.from_dict(config["attribution"])
+    )
+    for rule, extra in (("attribution", contexts), ("interventions", 0)):
+        jobs = [resources.job_work(config, rule, b).flops for b in config["behaviours"]]
+        planned = sum(sum(work.values()) - extra for work in jobs)
+        assert counted[rule].flops == pytest.approx(planned, rel=1e-9), rule
+        assert counted[rule].prompts == sum(run.n_prompts(b) for b, _ in run.prompts)
