@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from circuitflow import inputs
 from circuitflow.features.collect import (
     BIN_EDGES,
     LOG_DENSITY_EDGES,
@@ -60,7 +61,7 @@ from circuitflow.features.logits import Logits
 from circuitflow.features.windows import Reader, read_windows
 from circuitflow.io import atomic_dir, json_text, write_json, write_parquet
 
-__all__ = ["build", "feature_dir", "write", "FINAL_NORM"]
+__all__ = ["build", "feature_dir", "read_labels", "write", "FINAL_NORM"]
 
 FINAL_NORM = (
     "decoder rows centred over d_model for a LayerNorm model, final norm scale folded into "
@@ -223,3 +224,16 @@ def write(
         write_parquet(tmp / "contexts.parquet", contexts)
         write_json(tmp / "summary.json", summary)
     return folder
+
+
+def read_labels(folders: Sequence[Path | str]) -> dict[tuple[str, int], dict[int, str]]:
+    """Each folder's labels by feature, keyed by the (site, layer) its summary.json names: what
+    the attribution stages put beside a feature wherever they show one."""
+    out = {}
+    for folder in map(Path, folders):
+        summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
+                                   "feature summary")  # fmt: skip
+        table = pd.read_parquet(folder / "features.parquet", columns=["feature", "label"])
+        labels = dict(zip(table["feature"].tolist(), table["label"].tolist(), strict=True))
+        out[(summary["site"], int(summary["layer"]))] = labels
+    return out

@@ -27,6 +27,7 @@ from circuitflow.attribution.prompt_graphs import (
 )
 from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
+from circuitflow.features.write import read_labels
 from circuitflow.io import write_json, write_parquet, write_text
 from circuitflow.nodes import hook_name, site_layer
 from circuitflow.perf import PassCounter
@@ -133,6 +134,7 @@ def run(
     out_dir: Path | str,
     token_set: tuple[Path | str, Path | str] | None = None,
     page_path: Path | str | None = None,
+    feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
     summary.json, feature_contexts.parquet (from `token_set` = (tokens.npy, tokens.json); none
@@ -141,6 +143,8 @@ def run(
 
     cfg = AttributionConfig.from_dict(config["attribution"])
     prompts = read_prompts(prompts_path).head(cfg.prompt_graphs)
+    # Each feature's label (clerp) from the features stage's transcoder folders, by layer.
+    labels = {layer: by_feature for (_, layer), by_feature in read_labels(feature_dirs).items()}
     device = resolve_device(config["device"])
     transcoders = load_transcoders(transcoder_dirs, device)
     # float32 whatever model.dtype: every edge is a number a user reads.
@@ -210,7 +214,7 @@ def run(
                 distractor_text=token_text(tokenizer, distractor), answer_prob=prob,
                 extra={"behaviour": behaviour, "prompt_id": int(row.prompt_id),
                        "answer": answer, "distractor": distractor, **summary},
-                edge_heads=edge_heads,
+                edge_heads=edge_heads, labels=labels,
             )  # fmt: skip
             write_json(tmp / f"{slug}.json", content)
             written.append(content)
