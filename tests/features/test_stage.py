@@ -107,6 +107,9 @@ def test_a_stopped_pass_resumes_to_the_same_statistics(parts, tmp_path, monkeypa
     monkeypatch.setattr(Collector, "update", update)
     again = members(parts, tmp_path)
     assert stage.load_checkpoint(path, "other key", again) == 0  # other inputs: afresh
+    damaged = path.with_name("damaged.pt")
+    damaged.write_bytes(path.read_bytes()[:100])
+    assert stage.load_checkpoint(damaged, "key", again) == 0  # a kill mid-write: afresh
     fed = stage.load_checkpoint(path, "key", again)
     assert fed == 10 and all(m.collector.n_contexts == 10 for m in again)
     stage.feed(model, again, tokens, ROWS, 8, fed, (path, "key", 100), PassCounter(), False)

@@ -33,7 +33,10 @@ for group in FEATURE_GROUPS:
         resources:
             **job_resources("features", group.key),
         params:
-            cfg=config_json("seed", "device", "model", "capture", "sae", "features"),
+            # embedded: the model's shape, which the job's memory plan reads from the config.
+            cfg=config_json(
+                "seed", "device", "model", "embedded", "capture", "sae", "features"
+            ),
             # Outside the outputs: Snakemake deletes directory() outputs before a retry.
             ckpt=f"{OUT}/checkpoints/features/{group.name}",
         shell:

@@ -102,8 +102,12 @@ def load_checkpoint(path: Path, key: str, members: list[Member]) -> int:
     after loading its collectors' state."""
     if not path.exists():
         return 0
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("key") != key:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - a kill mid-write, a full disk: any damage
+        log.warning("checkpoint %s is unreadable (%s): starting afresh", path, err)
+        return 0
+    if not isinstance(state, dict) or state.get("key") != key:
         log.info("checkpoint %s was made with other inputs or settings: starting afresh", path)
         return 0
     for m, s in zip(members, state["collectors"], strict=True):
