@@ -5,6 +5,7 @@ top-activating contexts beside them, and the page that draws them (see docs/outp
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -74,6 +75,38 @@ def kept_feature_contexts(
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def stage_feature_contexts(
+    feature_dirs: list[Path | str], kept: dict[int, set[int]], n_contexts: int
+) -> pd.DataFrame:
+    """The top-activating contexts of every feature some pruned graph kept ({layer: features}),
+    read from the features stage's folders of the transcoders (its top `n_contexts` of each,
+    from the same pass that labels them): no model run here. Columns as
+    attribution/contexts.py writes them, so the page reads either."""
+    frames = []
+    for folder in map(Path, feature_dirs):
+        summary = json.loads((folder / "summary.json").read_text())
+        layer, skip = int(summary["layer"]), int(summary["first_position"])
+        per_context = int(summary["context_length"]) - skip
+        ctx = pd.read_parquet(folder / "contexts.parquet")
+        top = ctx[(ctx["kind"] == "top") & ctx["feature"].isin(kept.get(layer, ()))]
+        top = top[top["rank"] < n_contexts].sort_values(["feature", "rank"])
+        rows = []
+        for r in top.itertuples():
+            q = int(r.qualifying_index)
+            words = list(r.token_str)
+            rows.append({
+                "site": summary["site"], "layer": layer, "feature": int(r.feature),
+                "rank": int(r.rank) + 1, "activation": float(r.activation),
+                "row": int(r.context) * per_context + int(r.position) - skip,
+                "context": int(r.context), "position": int(r.position),
+                "tokens": [int(t) for t in r.tokens], "max_token": words[q],
+                "text": "".join(words[:q]) + " [[" + words[q] + "]] " + "".join(words[q + 1 :]),
+            })  # fmt: skip
+        frames.append(pd.DataFrame(rows))
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def load_transcoders(dirs: list[Path | str], device) -> dict[int, Any]:
     """layer -> transcoder, from SAELens directories; an SAE is refused in one line."""
     from circuitflow.sae.files import load_sae
@@ -137,8 +170,9 @@ def run(
     feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
-    summary.json, feature_contexts.parquet (from `token_set` = (tokens.npy, tokens.json); none
-    without); then `page_path` (default: `out_dir` with .html), the page; return the summary."""
+    summary.json, feature_contexts.parquet (from the features stage's `feature_dirs`, which also
+    label the features; else from `token_set` = (tokens.npy, tokens.json); none without either);
+    then `page_path` (default: `out_dir` with .html), the page; return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
@@ -231,7 +265,10 @@ def run(
             )  # fmt: skip
         write_json(tmp / INDEX, files.index(written))
         found = None
-        if token_set is not None:
+        if feature_dirs:  # the features stage's contexts: no pass over the token set here
+            found = stage_feature_contexts(feature_dirs, kept, cfg.n_contexts)
+            write_parquet(tmp / CONTEXTS, found)
+        elif token_set is not None:
             with counter.part("contexts"):
                 found = kept_feature_contexts(model, transcoders, token_set, kept, cfg,
                                               skip_bos, tokenizer, counter)  # fmt: skip
