@@ -127,7 +127,7 @@ def test_written_contexts_name_token_set_rows(parts, tmp_path):
     opts = stage.FeaturesConfig(k=4, samples=2, window=(3, 1), promoted_tokens=3)
     vocab = [f"t{i}" for i in range(VOCAB)]
     meta = {"site": "resid_post", "layer": 1, "hook": ms[0].hook}
-    stage.read_out(model, ms[0], tokens, ROWS, vocab, opts, 1, counter, meta)
+    stage.read_out(model, ms[0], tokens, ROWS, vocab, opts, 1, meta, pass_share=N)
     ctx = pd.read_parquet(ms[0].out / "contexts.parquet")
     for row in ctx.itertuples():
         window = tokens[row.context, row.window_start : row.window_start + len(row.tokens)]

@@ -54,7 +54,12 @@ def test_the_stage_writes_a_transcoders_folder(run):
     assert summary["hook"] == "blocks.0.ln2.hook_normalized"  # what it reads
     assert summary["n_contexts"] == 10 and summary["n_tokens"] == 10 * (T - 1)
     assert summary["contexts_trained_on"] == 10 and summary["contexts_held_out"] == 0
-    assert summary["pass_forward_equivalents_per_context"] == pytest.approx(0.5)  # 1 of 2 layers
+    # Its cost a context: the pass through 1 of 2 layers, and its windows' re-read (at most
+    # every context again, through its layer).
+    parts = summary["forward_equivalents_by_part"]
+    assert parts["pass"] == pytest.approx(0.5) and 0 < parts["windows"] <= 0.5
+    assert summary["forward_equivalents_per_prompt"] == pytest.approx(sum(parts.values()))
+    assert summary["forward_equivalents_unit"] == "context"
     feats = pd.read_parquet(out / "features.parquet")
     ctx = pd.read_parquet(out / "contexts.parquet")
     assert len(feats) == 48 and feats["count"].sum() > 0

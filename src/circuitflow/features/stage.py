@@ -196,21 +196,28 @@ def window_reader(model, member: Member, tokens: np.ndarray, rows: tuple[int, ..
     return read
 
 
-def read_out(model, member: Member, tokens, rows, vocab, opts, first, counter, meta) -> dict:
-    """Build and write one member's folder; returns its summary."""
-    read = window_reader(model, member, tokens, rows, counter)
-    feats, ctx, summary = write.build(
-        member.collector.result(),
-        top_logits(member.sae, model, k=opts.promoted_tokens),
-        read,
-        vocab,
-        labeller=opts.labeller,
-        window=opts.window,
-        first_position=first,
-        meta=meta,
-    )
+def read_out(model, member: Member, tokens, rows, vocab, opts, first, meta, pass_share) -> dict:
+    """Build and write one member's folder; returns its summary. Its cost (forward-pass
+    equivalents a context read) is its share of the job's: `pass_share` (the pass over `rows`,
+    divided among the members that shared it) and its own windows' re-read."""
+    own = PassCounter()
+    read = window_reader(model, member, tokens, rows, own)
+    with own.part("windows"):  # build reads the windows
+        feats, ctx, summary = write.build(
+            member.collector.result(),
+            top_logits(member.sae, model, k=opts.promoted_tokens),
+            read,
+            vocab,
+            labeller=opts.labeller,
+            window=opts.window,
+            first_position=first,
+            meta=meta,
+        )
     # The collector counts contexts in the order fed; the files name token set rows.
     ctx["context"] = np.asarray(rows, dtype=np.int64)[ctx["context"].to_numpy()]
+    with own.part("pass"):
+        own.forward(1, pass_share)
+    summary |= own.summary(len(rows), unit="context")
     write.write(member.out, feats, ctx, summary)
     return summary
 
@@ -268,44 +275,51 @@ def run(
     fed = load_checkpoint(ckpt, key, members) if ckpt else 0
     if fed:
         log.info("resuming at context %d of %d", fed, len(chosen.rows))
-    counter = PassCounter()
     every = max(1, -(-opts.checkpoint_tokens // (t - first)))
     t0 = time.perf_counter()
-    with counter.part("pass"):
-        feed(model, members, tokens, chosen.rows, batch, fed,
-             (ckpt, key, every) if ckpt else None, counter, progress)  # fmt: skip
+    feed(model, members, tokens, chosen.rows, batch, fed,
+         (ckpt, key, every) if ckpt else None, PassCounter(), progress)  # fmt: skip
     pass_seconds = time.perf_counter() - t0
+    # The pass through the deepest member's layer, over every context (a resumed job's too).
+    depth = max(m.layer for m in members) + 1
+    pass_share = len(chosen.rows) * depth / model.cfg.n_layers / len(members)
     vocab = vocabulary(load_tokenizer(model_dir), model.cfg.d_vocab)
     summaries = []
+    token_set = (tokens_npy, token_meta)
     for m in members:
-        with counter.part("windows"):
-            meta = {
-                "site": m.site,
-                "layer": m.layer,
-                "hook": m.hook,
-                "dictionary": str(m.sae_dir),
-                "dictionary_kind": m.kind,
-                "sae_source": config["sae"]["source"],
-                "token_set": str(tokens_npy),
-                "token_set_hash": token_meta.get("token_set_hash"),
-                "contexts_held_out": chosen.held_out,
-                "contexts_trained_on": chosen.trained_on,
-                "contexts_note": fplan.CONTEXTS_NOTE[config["sae"]["source"]],
-                "pass_seconds": round(pass_seconds, 3),
-                "pass_forward_equivalents_per_context": counter.parts.get("pass", 0.0)
-                / max(len(chosen.rows) - fed, 1),
-                "batch_contexts": batch,
-                "job_members": [f"{x.site}:{x.layer}" for x in members],
-            }
-            summaries.append(read_out(model, m, tokens, chosen.rows, vocab, opts,
-                                      first, counter, meta))  # fmt: skip
-    cost = counter.summary(len(chosen.rows), unit="context")
+        meta = summary_meta(m, members, config, token_set, chosen, pass_seconds, batch)
+        summaries.append(
+            read_out(model, m, tokens, chosen.rows, vocab, opts, first, meta, pass_share)
+        )
+    total = sum(s["forward_equivalents_per_prompt"] for s in summaries)
     log.info("features: %d dictionaries, %d contexts, %.1f s pass, %.2f forward equivalents a "
-             "context", len(members), len(chosen.rows), pass_seconds,
-             cost["forward_equivalents_per_prompt"])  # fmt: skip
+             "context", len(members), len(chosen.rows), pass_seconds, total)  # fmt: skip
     if ckpt is not None and ckpt.exists():
         ckpt.unlink()
     return summaries
+
+
+def summary_meta(m: Member, members: list[Member], config: dict, token_set: tuple,
+                 chosen: fplan.Contexts, pass_seconds: float, batch: int) -> dict:  # fmt: skip
+    """What summary.json says of a member beside its statistics: the dictionary, the token set
+    and contexts read, and the job's pass."""
+    source = config["sae"]["source"]
+    return {
+        "site": m.site,
+        "layer": m.layer,
+        "hook": m.hook,
+        "dictionary": str(m.sae_dir),
+        "dictionary_kind": m.kind,
+        "sae_source": source,
+        "token_set": str(token_set[0]),
+        "token_set_hash": token_set[1].get("token_set_hash"),
+        "contexts_held_out": chosen.held_out,
+        "contexts_trained_on": chosen.trained_on,
+        "contexts_note": fplan.CONTEXTS_NOTE[source],
+        "pass_seconds": round(pass_seconds, 3),
+        "batch_contexts": batch,
+        "job_members": [f"{x.site}:{x.layer}" for x in members],
+    }
 
 
 def plan_batch(config: dict, members: list[Member], model, t: int, n_contexts: int) -> int:
