@@ -127,7 +127,11 @@ def test_written_contexts_name_token_set_rows(parts, tmp_path):
     opts = stage.FeaturesConfig(k=4, samples=2, window=(3, 1), promoted_tokens=3)
     vocab = [f"t{i}" for i in range(VOCAB)]
     meta = {"site": "resid_post", "layer": 1, "hook": ms[0].hook}
-    stage.read_out(model, ms[0], tokens, ROWS, vocab, opts, 1, meta, pass_share=N)
+    metas = [meta, {**meta, "site": "mlp_out", "layer": 0, "hook": ms[1].hook}]
+    summaries = stage.read_out(model, ms, tokens, ROWS, vocab, opts, 1, metas, pass_total=N)
+    # One sweep for both: the windows' contexts through both layers once, shared.
+    sweep = {s["forward_equivalents_by_part"]["windows"] for s in summaries}
+    assert len(sweep) == 1 and 0 < sweep.pop() <= 0.5
     ctx = pd.read_parquet(ms[0].out / "contexts.parquet")
     for row in ctx.itertuples():
         window = tokens[row.context, row.window_start : row.window_start + len(row.tokens)]

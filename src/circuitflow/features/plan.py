@@ -9,10 +9,11 @@ the streaming top-k merge's memory bound. A batch of the pass runs the model to 
 deepest layer with every dictionary's hook cached, then encodes one dictionary at a time, so
 its working memory is the cached hooks plus the larger of the forward pass's (freed before the
 first encode) and one dictionary's: its [B, T, F] features (pre-activations, activations, the
-firing mask) and the firing entries' keys. After the pass each dictionary in turn is read
-out: its windows re-read through its own layer (`windows.py`, `WINDOW_CHUNK` contexts at a
-time), its logit effects a block of features at a time (`logits.py`), and its tables built on
-the host.
+firing mask) and the firing entries' keys. After the pass the windows of every
+member are read in one sweep over the contexts they kept (`windows.read_windows_many`, the
+model once through the group's depth, `WINDOW_CHUNK` contexts at a time), then each member in
+turn gets its logit effects a block of features at a time (`logits.py`) and its tables built
+on the host.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ BYTES_PER_FEATURE_TOKEN = 4 + 4
 # and the Arrow copy written out).
 CONTEXT_ROW_BYTES = 600
 CONTEXT_TOKEN_BYTES = 2 * (8 + 4 + 8)
+# Host bytes of one kept entry's window between the sweep and its table: two small numpy arrays
+# (tokens, values: ~100 bytes of object each plus 17 x 12 bytes of data) and its list slots.
+WINDOW_ENTRY_BYTES = 2 * 112 + 17 * 12 + 2 * 8
 
 
 # --- which dictionaries share a job ---------------------------------------------------------------
@@ -188,19 +192,19 @@ def kept_rows(n_features: int, k: int, samples: int) -> int:
     return n_features * (k + (len(QUANTILE_BANDS) - 1) * samples)
 
 
-def readout_host_bytes(config: dict, n_features: int, t: int, vocab: int) -> int:
-    """Host bytes of one dictionary's read-out after the pass: its collector's state copied to
-    the host (twice: the result's arrays beside their tensors), a window chunk's features on
-    the host, a block of logit effects, and its tables (contexts rows with their windows)."""
+def readout_host_bytes(config: dict, n_features: int, n_members: int, t: int, vocab: int) -> int:
+    """Host bytes of the read-out after the pass: every member's result (its collector's state
+    copied to the host) and windows (read for all members in one sweep, held until each
+    member's tables are written), a window chunk's features of one member, a block of logit
+    effects, and one member's tables (contexts rows with their windows) at a time."""
     f = config["features"]
     window = sum(f["window"]) + 1
-    state = 2 * state_bytes(n_features, f["k"], f["samples"])
+    rows = kept_rows(n_features, f["k"], f["samples"])
+    per_member = state_bytes(n_features, f["k"], f["samples"]) + rows * WINDOW_ENTRY_BYTES
     chunk = WINDOW_CHUNK * t * n_features * 4
     logits = LOGIT_BLOCK * vocab * 4 * 3
-    table = kept_rows(n_features, f["k"], f["samples"]) * (
-        CONTEXT_ROW_BYTES + window * CONTEXT_TOKEN_BYTES
-    )
-    return state + chunk + logits + table + n_features * (N_BINS * 8 + 40 * 8 + 400)
+    table = rows * (CONTEXT_ROW_BYTES + window * CONTEXT_TOKEN_BYTES)
+    return n_members * per_member + chunk + logits + table + n_features * (N_BINS * 8 + 720)
 
 
 def estimate(config: dict, group: FeatureGroup, device: str) -> Estimate:
@@ -225,7 +229,7 @@ def estimate(config: dict, group: FeatureGroup, device: str) -> Estimate:
     )
     cached = n * t * cfg.d_model * 4  # run_with_cache keeps every member's hook on the device
     tokens = 4 * token_set_contexts(config, cfg) * t
-    readout = readout_host_bytes(config, d_sae, t, cfg.d_vocab)
+    readout = readout_host_bytes(config, d_sae, n, t, cfg.d_vocab)
     cuda = device.startswith("cuda")
     device_readout = WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3
     weights = fwd.weights + dictionaries
@@ -268,25 +272,30 @@ def encode_flops_per_token(d_model: int, d_sae: int) -> float:
     return 2.0 * d_model * d_sae + 2.0 * d_sae
 
 
+def sweep_contexts(config: dict, group: FeatureGroup, d_sae: int, n_contexts: int) -> int:
+    """Contexts the windows' sweep reads again at most: the union of what the members kept
+    (`kept_rows` each), at most every context read."""
+    f = config["features"]
+    return min(n_contexts, len(group.members) * kept_rows(d_sae, f["k"], f["samples"]))
+
+
 def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     """The pass (every context read through the group's deepest layer, in the model's dtype;
-    each dictionary's encoder and collector in float32), each dictionary's window re-read (at
-    most every context again, through its own layer: `kept_rows` bounds the distinct
-    contexts) and its logit effects (d_model x vocabulary per feature); the token set read."""
+    each dictionary's encoder and collector in float32), the windows' sweep (at most every
+    context again, through the deepest layer once for the group, each member's encoder on it:
+    `sweep_contexts`) and each member's logit effects (d_model x vocabulary per feature); the
+    token set read."""
     cfg = architectures.model_cfg(config)
     group = group_of(config, job)
-    f = config["features"]
     t, _ = per_context(config, cfg)
     n_contexts = wanted_contexts(config, cfg)
     d_sae = dictionary_width(config, cfg.d_model, group)
     tokens = n_contexts * t
     forward = tokens * forward_flops_per_token(cfg, t, group.depth, unembed=False)
     encode = len(group.members) * tokens * encode_flops_per_token(cfg.d_model, d_sae)
-    reread_contexts = min(n_contexts, kept_rows(d_sae, f["k"], f["samples"]))
-    for _, layer in group.members:
-        reread = reread_contexts * t
-        forward += reread * forward_flops_per_token(cfg, t, layer + 1, unembed=False)
-        encode += reread * encode_flops_per_token(cfg.d_model, d_sae)
+    reread = sweep_contexts(config, group, d_sae, n_contexts) * t
+    forward += reread * forward_flops_per_token(cfg, t, group.depth, unembed=False)
+    encode += len(group.members) * reread * encode_flops_per_token(cfg.d_model, d_sae)
     logits = len(group.members) * 2.0 * d_sae * cfg.d_model * cfg.d_vocab
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
     flops = {"float32": encode + logits}
@@ -295,12 +304,11 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
 
 
 def forward_equivalents_per_token(config: dict, job: str | None = None) -> float:
-    """Forward-pass equivalents of a job per token read, as its PassCounter counts them: the
-    pass through the group's depth, plus each member's re-read share through its layer."""
+    """Forward-pass equivalents of a job per context read, as its summaries count them (summed
+    over its members): the pass and the windows' sweep, each through the group's depth."""
     cfg = architectures.model_cfg(config)
     group = group_of(config, job)
-    f = config["features"]
     n_contexts = wanted_contexts(config, cfg)
     d_sae = dictionary_width(config, cfg.d_model, group)
-    reread = min(n_contexts, kept_rows(d_sae, f["k"], f["samples"])) / max(n_contexts, 1)
-    return (group.depth + reread * sum(layer + 1 for _, layer in group.members)) / cfg.n_layers
+    sweep = sweep_contexts(config, group, d_sae, n_contexts) / max(n_contexts, 1)
+    return (1 + sweep) * group.depth / cfg.n_layers

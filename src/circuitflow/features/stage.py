@@ -34,6 +34,7 @@ from circuitflow.features import write
 from circuitflow.features.collect import Collector
 from circuitflow.features.config import FeaturesConfig
 from circuitflow.features.logits import top_logits
+from circuitflow.features.windows import read_windows_many
 from circuitflow.io import atomic_path, sha256_file
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
@@ -177,49 +178,62 @@ def feed(
 
 
 # --- read-out -------------------------------------------------------------------------------------
-def window_reader(model, member: Member, tokens: np.ndarray, rows: tuple[int, ...], counter):
-    """`windows.Reader` of one member: token ids and its features of contexts given by feed
-    index (rows of the pass), the model run through its layer."""
+def group_reader(model, members: list[Member], tokens: np.ndarray, rows: tuple[int, ...], counter):
+    """`windows.read_windows_many`'s reader for the group: token ids of contexts given by feed
+    index (rows of the pass), the model run once through the deepest member's layer with every
+    member's hook cached, and each member's features on demand."""
     device = next(model.parameters()).device
     order = np.asarray(rows, dtype=np.int64)
+    hooks = sorted({m.hook for m in members})
+    depth = max(m.layer for m in members) + 1
 
     def read(fed_ids: np.ndarray):
         ids = torch.from_numpy(np.asarray(tokens[order[fed_ids]], dtype=np.int64)).to(device)
         with torch.inference_mode():
-            _, cache = model.run_with_cache(
-                ids, names_filter=[member.hook], stop_at_layer=member.layer + 1
-            )
-            acts = encode(member.sae, cache[member.hook]).cpu()
-        counter.forward(len(ids), (member.layer + 1) / model.cfg.n_layers)
-        return ids.cpu(), acts
+            _, cache = model.run_with_cache(ids, names_filter=hooks, stop_at_layer=depth)
+        counter.forward(len(ids), depth / model.cfg.n_layers)
+
+        def acts_of(i: int) -> torch.Tensor:
+            with torch.inference_mode():
+                return encode(members[i].sae, cache[members[i].hook]).cpu()
+
+        return ids.cpu(), acts_of
 
     return read
 
 
-def read_out(model, member: Member, tokens, rows, vocab, opts, first, meta, pass_share) -> dict:
-    """Build and write one member's folder; returns its summary. Its cost (forward-pass
-    equivalents a context read) is its share of the job's: `pass_share` (the pass over `rows`,
-    divided among the members that shared it) and its own windows' re-read."""
-    own = PassCounter()
-    read = window_reader(model, member, tokens, rows, own)
-    with own.part("windows"):  # build reads the windows
+def read_out(model, members: list[Member], tokens, rows, vocab, opts, first, metas, pass_total):
+    """Write every member's folder; returns their summaries. The windows of all members are
+    read in one sweep over the contexts they kept (the model once per context for the group).
+    Each member's cost (forward-pass equivalents a context read) is its share of the job's:
+    the pass over `rows` (`pass_total`) and the windows' sweep, divided among the members."""
+    results = [m.collector.result() for m in members]
+    kept = [write.kept_contexts(r) for r in results]
+    sweep = PassCounter()
+    windows = read_windows_many(
+        [tuple(k[c].to_numpy() for c in ("feature", "context", "position")) for k in kept],
+        group_reader(model, members, tokens, rows, sweep),
+        left=opts.window[0],
+        right=opts.window[1],
+        first_position=first,
+    )
+    summaries = []
+    for m, stats, wins, meta in zip(members, results, windows, metas, strict=True):
         feats, ctx, summary = write.build(
-            member.collector.result(),
-            top_logits(member.sae, model, k=opts.promoted_tokens),
-            read,
-            vocab,
-            labeller=opts.labeller,
-            window=opts.window,
-            first_position=first,
-            meta=meta,
-        )
-    # The collector counts contexts in the order fed; the files name token set rows.
-    ctx["context"] = np.asarray(rows, dtype=np.int64)[ctx["context"].to_numpy()]
-    with own.part("pass"):
-        own.forward(1, pass_share)
-    summary |= own.summary(len(rows), unit="context")
-    write.write(member.out, feats, ctx, summary)
-    return summary
+            stats, top_logits(m.sae, model, k=opts.promoted_tokens), None, vocab,
+            labeller=opts.labeller, window=opts.window, first_position=first, meta=meta,
+            windows=wins,
+        )  # fmt: skip
+        # The collector counts contexts in the order fed; the files name token set rows.
+        ctx["context"] = np.asarray(rows, dtype=np.int64)[ctx["context"].to_numpy()]
+        share = PassCounter()
+        for part, total in (("pass", pass_total), ("windows", sweep.total())):
+            with share.part(part):
+                share.forward(1, total / len(members))
+        summary |= share.summary(len(rows), unit="context")
+        write.write(m.out, feats, ctx, summary)
+        summaries.append(summary)
+    return summaries
 
 
 # --- the stage ------------------------------------------------------------------------------------
@@ -282,15 +296,14 @@ def run(
     pass_seconds = time.perf_counter() - t0
     # The pass through the deepest member's layer, over every context (a resumed job's too).
     depth = max(m.layer for m in members) + 1
-    pass_share = len(chosen.rows) * depth / model.cfg.n_layers / len(members)
+    pass_total = len(chosen.rows) * depth / model.cfg.n_layers
     vocab = vocabulary(load_tokenizer(model_dir), model.cfg.d_vocab)
-    summaries = []
     token_set = (tokens_npy, token_meta)
-    for m in members:
-        meta = summary_meta(m, members, config, token_set, chosen, pass_seconds, batch)
-        summaries.append(
-            read_out(model, m, tokens, chosen.rows, vocab, opts, first, meta, pass_share)
-        )
+    metas = [
+        summary_meta(m, members, config, token_set, chosen, pass_seconds, batch) for m in members
+    ]
+    summaries = read_out(model, members, tokens, chosen.rows, vocab, opts, first, metas,
+                         pass_total)  # fmt: skip
     total = sum(s["forward_equivalents_per_prompt"] for s in summaries)
     log.info("features: %d dictionaries, %d contexts, %.1f s pass, %.2f forward equivalents a "
              "context", len(members), len(chosen.rows), pass_seconds, total)  # fmt: skip
