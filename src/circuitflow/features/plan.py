@@ -22,12 +22,13 @@ import math
 from dataclasses import dataclass
 
 from circuitflow.capture.plan import context_length, token_set_contexts
+from circuitflow.description import describe
 from circuitflow.features.collect import N_BINS, QUANTILE_BANDS, state_bytes
 from circuitflow.memory import Estimate, estimate_forward, load_bytes, model_dtype
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
-from circuitflow.sae.plan import sae_param_bytes, sae_width
+from circuitflow.sae.plan import sae_param_bytes
 from circuitflow.sites import dictionary_sites
 
 RULE = "features"
@@ -166,14 +167,9 @@ def wanted_contexts(config: dict, model_cfg) -> int:
 
 # --- memory ---------------------------------------------------------------------------------------
 def dictionary_width(config: dict, d_model: int, group: FeatureGroup) -> int:
-    """The widest d_sae of the group: the config's for trained dictionaries, the published
-    ones' where `sae.source` is pretrained."""
-    if config["sae"]["source"] == "pretrained":
-        from circuitflow.sae.pretrained_plan import dictionary_width as published
-        from circuitflow.sae.stream_plan import StreamGroup
-
-        return published(config, d_model, StreamGroup(group.members))
-    return sae_width(config, d_model)
+    """The widest d_sae of the group, each dictionary at its real width (the run's
+    description: a published one's cfg.json, else the configured expansion)."""
+    return describe(config).widest(group.members)
 
 
 def firing_per_token(config: dict, d_sae: int) -> int:
