@@ -203,16 +203,17 @@ def readout_host_bytes(config: dict, n_features: int, n_members: int, t: int, vo
     return n_members * per_member + chunk + logits + table + n_features * (N_BINS * 8 + 720)
 
 
-def estimate(config: dict, group: FeatureGroup, device: str) -> Estimate:
+def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None = None) -> Estimate:
     """The job's peak memory as a function of its batch (contexts of the pass): the model and
     the group's dictionaries, every collector's state (`collect.state_bytes`), the forward
     pass with every member's hook cached (float32), and one dictionary's encode and update;
     the read-out after the pass as its own phase. On a GPU the read-out's tables are host
-    memory (`buffers`), with the token set's pages."""
+    memory (`buffers`), with the token set's pages. `d_sae`: the widest member's, where the
+    job has read it from the dictionaries (its config section is not the whole run's)."""
     cfg = architectures.model_cfg(config)
     f = config["features"]
     t, _ = per_context(config, cfg)
-    d_sae = dictionary_width(config, cfg.d_model, group)
+    d_sae = d_sae or dictionary_width(config, cfg.d_model, group)
     n = len(group.members)
     dtype = model_dtype(config, device)
     fwd = estimate_forward(

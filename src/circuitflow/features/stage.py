@@ -340,7 +340,7 @@ def plan_batch(config: dict, members: list[Member], model, t: int, n_contexts: i
     whose planned peak (plan.estimate) fits the device's available memory."""
     device = str(next(model.parameters()).device)
     group = fplan.FeatureGroup(tuple((m.site, m.layer) for m in members))
-    est = fplan.estimate(config, group, device)
+    est = fplan.estimate(config, group, device, max(int(m.sae.cfg.d_sae) for m in members))
     batch = memory.plan_batch_size(
         est,
         min(config["capture"]["max_batch_size"], n_contexts),
