@@ -104,7 +104,7 @@ def test_gpu_hours_from_a_suite_result(small):
     ]
     row = frame.set_index("stage").loc["pretrained_sae"]
     assert row["jobs"] == 1 and row["gpu_hours"] < by_stage.loc["train_sae_stream", "gpu_hours"]
-    assert "24 dictionaries in 1 job," in row["source"]
+    assert "1 job of 24 dictionaries," in row["source"]
 
 
 def _readme_block(name: str) -> str:
