@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from circuitflow import config as cf_config
 from circuitflow import description, resources, stream_groups
+from circuitflow.features import plan as features_plan
 from circuitflow.model import architectures
 from circuitflow.nodes import hook_name
 from circuitflow.report import gpu_hours
@@ -164,6 +165,8 @@ def scheduled_jobs(config: dict, cluster) -> dict[str, tuple[str, list]]:
         jobs["prompt_graphs"] = ("prompt_graphs", behaviours)
     if run.spliced:
         jobs["interventions"] = ("interventions", behaviours)
+    # workflow/rules/features.smk: a features job per group of layers, every dictionary's.
+    jobs["features"] = ("features", [g.key for g in features_plan.groups(config)])
     return jobs
 
 

@@ -75,6 +75,7 @@ def test_gpu_hours_from_a_suite_result(small):
         "train_sae_stream",
         "attribution",
         "interventions",
+        "features",
         "total",
     ]
     assert (frame["gpu_hours"] > 0).all()
@@ -100,6 +101,7 @@ def test_gpu_hours_from_a_suite_result(small):
         "pretrained_sae",
         "attribution",
         "interventions",
+        "features",
         "total",
     ]
     row = frame.set_index("stage").loc["pretrained_sae"]

@@ -226,7 +226,21 @@ def planned_rows(config: dict, cluster: Cluster | None = None) -> list[PlannedRo
         cap = config["interventions"].get("max_prompts")
         rows.append(PlannedRow("interventions", "interventions", behaviours, prompts(cap),
                                "prompts"))  # fmt: skip
+    rows.append(_features_row(config))
     return rows
+
+
+def _features_row(config: dict) -> PlannedRow:
+    """The features jobs: one streamed pass a group of layers over features.n_tokens tokens,
+    every member dictionary encoded, then one sweep over the contexts kept."""
+    from circuitflow.features import plan as features_plan
+
+    groups = features_plan.groups(config)
+    n = len(features_plan.members(config))
+    note = f"{len(groups)} job{'s' * (len(groups) > 1)} of {n} dictionaries' statistics"
+    tokens = n * config["features"]["n_tokens"]
+    return PlannedRow("features", "features", tuple(g.key for g in groups), tokens, "tokens",
+                      note)  # fmt: skip
 
 
 def passes_a_prompt(config: dict, stage: str) -> dict[str, float]:
