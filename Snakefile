@@ -20,6 +20,7 @@ include: "workflow/rules/provenance.smk"
 include: "workflow/rules/train_sae.smk"
 include: "workflow/rules/pretrained_sae.smk"
 include: "workflow/rules/capture.smk"
+include: "workflow/rules/features.smk"
 include: "workflow/rules/attribution.smk"
 include: "workflow/rules/interventions.smk"
 include: "workflow/rules/report.smk"
@@ -33,6 +34,7 @@ rule all:
         capture_outputs(),
         sae_outputs(),
         replacement_outputs(),
+        features_outputs(),
         attribution_outputs(),
         interventions_outputs(),
         report_outputs(),

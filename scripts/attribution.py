@@ -12,11 +12,20 @@ def run() -> None:
     p.add_argument("--activations", nargs="*", default=[], help="their activation files")
     p.add_argument("--tokens-npy", help="the token set, where no activation files were written")
     p.add_argument("--tokens-json", help="the token set's description (tokens.json)")
+    p.add_argument("--features", nargs="*", default=[], help="features/{site}/layer_N: labels")
     cli.add_outputs(p, "dir")
     a, config = cli.parse(p)
     token_set = (a.tokens_npy, a.tokens_json) if a.tokens_npy else None
     summary = stage.run(
-        config, a.behaviour, a.prompts, a.model_json, a.saes, a.activations, a.out_dir, token_set
+        config,
+        a.behaviour,
+        a.prompts,
+        a.model_json,
+        a.saes,
+        a.activations,
+        a.out_dir,
+        token_set,
+        a.features,
     )
     print(stage.headline(summary))
 

@@ -7,7 +7,7 @@ ablations, feature ablation and steering for one behaviour, into --out-dir.
 """
 
 from circuitflow import cli
-from circuitflow.interventions import stage
+from circuitflow.interventions import across, stage, summary
 
 
 def run() -> None:
@@ -23,12 +23,12 @@ def run() -> None:
     cli.add_outputs(many, "figure")
     a, config = cli.parse(parser)
     if a.command == "across":
-        stage.across(a.behaviours, a.heads, a.out, a.out_figure)
+        across.across(a.behaviours, a.heads, a.out, a.out_figure)
         return
     s = stage.run(
         config, a.behaviour, a.prompts, a.model_json, a.attribution_dir, a.saes, a.out_dir
     )
-    print(stage.headline(a.behaviour, s))
+    print(summary.headline(a.behaviour, s))
 
 
 if __name__ == "__main__":

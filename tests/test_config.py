@@ -274,6 +274,7 @@ def _sections():
     from circuitflow.attribution.config import AttributionConfig
     from circuitflow.baseline import BaselineConfig
     from circuitflow.capture.config import CaptureConfig
+    from circuitflow.features.config import FeaturesConfig
     from circuitflow.interventions.config import InterventionsConfig
     from circuitflow.model.embedded import ArchitectureConfig, EmbeddedModelConfig, TrainingConfig
     from circuitflow.model.language import LanguageConfig
@@ -290,6 +291,7 @@ def _sections():
         "sae.controller": SparsityControllerConfig,
         "sae.jumprelu": JumpReLUConfig,
         "capture": CaptureConfig,
+        "features": FeaturesConfig,
         "embedded": EmbeddedModelConfig,
         "embedded.architecture": ArchitectureConfig,
         "embedded.training": TrainingConfig,

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.dag import REPO
+from helpers.dag import REPO, profile_cluster
 from safetensors.torch import save_file
 
 from circuitflow import config as cf_config
-from circuitflow import description, resources
-from circuitflow.attribution import plan as attribution_plan
-from circuitflow.attribution.config import AttributionConfig
+from circuitflow import description, resources, stream_groups
+from circuitflow.features import plan as features_plan
 from circuitflow.model import architectures
 from circuitflow.nodes import hook_name
 from circuitflow.report import gpu_hours
@@ -138,21 +137,82 @@ def test_a_release_not_fetched_yet_is_planned_again_once_it_is(tmp_path):
     assert "Hugging Face cache" in after.dictionary("resid_pre", 0).width_from
 
 
-@pytest.mark.parametrize("path", READY, ids=lambda p: p.name)
-def test_walltimes_and_gpu_hours_count_the_same_flops(path):
-    """For every ready config the GPU suite covers, the report's GPU-hours and the jobs'
-    walltimes (resources.job_work, every behaviour's job) count the same FLOPs for attribution
-    and the interventions at the same prompt length: only the rate they apply differs."""
-    config = cf_config.load(path)
-    if architectures.architecture_key(config["model"]["name"]) is None:
-        pytest.skip("the GPU suite does not cover this model")
+H200_SUITE = REPO / "benchmarks" / "results" / "gpu_suite-nvidia-h200-cuda.json"
+
+
+def scheduled_jobs(config: dict, cluster) -> dict[str, tuple[str, list]]:
+    """Each GPU stage's rule and jobs (as resources.job_work takes them) as the workflow
+    schedules them (workflow/rules/*.smk): the baseline, attribution and interventions per
+    behaviour (attribution and interventions where SAEs are spliced), one capture and one
+    train_sae job per dictionary, or the grouped streaming or published dictionaries' jobs."""
+    behaviours = list(config["behaviours"])
     run = description.describe(config)
-    counted = gpu_hours.prompt_flops(config, run.prompt_length)
-    contexts = attribution_plan.contexts_flops(
-        run, AttributionConfig.from_dict(config["attribution"])
-    )
-    for rule, extra in (("attribution", contexts), ("interventions", 0)):
-        jobs = [resources.job_work(config, rule, b).flops for b in config["behaviours"]]
-        planned = sum(sum(work.values()) - extra for work in jobs)
-        assert counted[rule].flops == pytest.approx(planned, rel=1e-9), rule
-        assert counted[rule].prompts == sum(run.n_prompts(b) for b, _ in run.prompts)
+    jobs = {"baseline": ("baseline", behaviours)}
+    source = config["sae"]["source"]
+    shards = config["capture"]["shards"]
+    if source == "capture":
+        jobs["capture"] = ("capture", [None]) if shards == 1 else ("capture_shard", [None] * shards)
+        jobs["train_sae"] = ("train_sae", [(d.site, d.layer) for d in run.dictionaries])
+    else:
+        rule = "train_sae_stream" if source == "stream" else "pretrained_sae"
+        groups = stream_groups.stream_groups(config, cluster, on_gpu=True)
+        jobs[rule] = (rule, [g.key for g in groups])
+    if run.transcoders:
+        jobs["transcoder_replacement"] = ("transcoder_replacement", [None])
+    if run.spliced:
+        jobs["attribution"] = ("attribution", behaviours)
+    if run.transcoders and config["attribution"]["prompt_graphs"]:
+        jobs["prompt_graphs"] = ("prompt_graphs", behaviours)
+    if run.spliced:
+        jobs["interventions"] = ("interventions", behaviours)
+    # workflow/rules/features.smk: a features job per group of layers, every dictionary's.
+    jobs["features"] = ("features", [g.key for g in features_plan.groups(config)])
+    return jobs
+
+
+def transcoders_in_shards(config: dict) -> dict:
+    """The run with SAEs and transcoders (sae.kind both) captured in two shards."""
+    config = copy.deepcopy(config)
+    config["sae"] = {**config["sae"], "source": "capture", "kind": "both"}
+    config["capture"] = {**config["capture"], "shards": 2}
+    config["attribution"] = {**config["attribution"], "prompt_graphs": 2}
+    return config
+
+
+VARIANTS = {"as written": lambda c: c, "transcoders in shards": transcoders_in_shards}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("path", READY, ids=lambda p: p.name)
+def test_walltimes_and_gpu_hours_count_the_same_flops(path, variant):
+    """For every ready config, each row of the report's GPU-hours counts the FLOPs (by dtype)
+    that the walltimes of its stage's jobs count (resources.job_work, every job the workflow
+    schedules), and for a model the GPU suite covers, the estimate's table charges them: the
+    two paths differ only in the rate they apply. Also with transcoders captured in shards,
+    whose rules no ready config runs."""
+    config = VARIANTS[variant](cf_config.load(path))
+    cluster = profile_cluster("csd3")
+    want = {}
+    for stage, (rule, jobs) in scheduled_jobs(config, cluster).items():
+        flops: dict[str, float] = {}
+        for job in jobs:
+            arg = None if isinstance(job, tuple) else job  # train_sae plans any dictionary's
+            for dtype, f in resources.job_work(config, rule, arg).flops.items():
+                flops[dtype] = flops.get(dtype, 0.0) + f
+        want[stage] = (len(jobs), flops)
+    rows = gpu_hours.planned_rows(config, cluster)
+    got = {row.stage: (len(row.jobs), row.flops(config)) for row in rows}
+    assert got.keys() == want.keys()
+    for stage, (n_jobs, flops) in want.items():
+        assert got[stage][0] == n_jobs, stage
+        assert got[stage][1].keys() == flops.keys(), stage
+        for dtype, f in flops.items():
+            assert got[stage][1][dtype] == pytest.approx(f, rel=1e-12), (stage, dtype)
+    if architectures.architecture_key(config["model"]["name"]) is None:
+        return  # the GPU suite does not cover the model: no table
+    suite = gpu_hours.load_suite(H200_SUITE)
+    table = gpu_hours.estimate(suite, config, gpu="A100", cluster=cluster).set_index("stage")
+    assert list(table.index) == [*want, "total"]
+    for stage, (n_jobs, flops) in want.items():
+        assert table.loc[stage, "jobs"] == n_jobs
+        assert table.loc[stage, "pflop"] * 1e15 == pytest.approx(sum(flops.values()), rel=1e-9)

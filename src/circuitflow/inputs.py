@@ -5,8 +5,9 @@ and what is wrong with it (and, where one helps, which stage to rerun); `cli.mai
 exit status 2 (errors.EXIT_BAD_INPUT). The stages call these where they open their inputs:
 prompts (`prompts.read_prompts`), model.json and weights (`model.load`), activation files
 (`capture.files.read_activation_info`), SAE directories (`sae.files.load_sae`), checkpoints
-(`sae.checkpoint.load_checkpoint`, set aside by the SAE stage when damaged) and the attribution
-tables interventions read (`interventions.stage.read_attribution`).
+(`sae.checkpoint.load_checkpoint`, set aside by the SAE stage when damaged), the attribution
+tables interventions read (`interventions.inputs.read_attribution`) and the other stages'
+files the report reads (`report.inputs`).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ RULE_STAGES: dict[str, dict[str, str]] = {
     "attribution": {"*": "attribution"},
     "prompt_graphs": {"*": "attribution"},
     "interventions": {"*": "forward"},
+    # A forward pass with hooks read, each dictionary encoded in float32 (as SAE training does).
+    "features": {"float32": "sae_train", "*": "capture"},
 }
 
 

@@ -34,6 +34,7 @@ from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
 from circuitflow.description import describe
+from circuitflow.features import plan as features_plan
 from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
 from circuitflow.model import plan as model_plan
@@ -96,6 +97,8 @@ RULES = {
     # localrule: the login node), pretrained_sae: each dictionary source's rules.
     **source_rules(),
     "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
+    # one rule per group of layers (features.layers_per_job): features_{group.name}
+    "features": Rule("gpu", "model", features_plan, resumable=True),
     "attribution": Rule("gpu", "model", attribution_plan),
     "prompt_graphs": Rule("gpu", "model", prompt_graphs_plan),  # sae.kind transcoder
     "interventions": Rule("gpu", "model", interventions_plan),

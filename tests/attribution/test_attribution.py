@@ -12,7 +12,7 @@ from circuitflow.attribution import methods, splice
 from circuitflow.attribution import scores as attr
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.methods import atp, ig
-from circuitflow.nodes import Node, hook_name
+from circuitflow.nodes import Node, hook_name, site_layer
 
 
 @pytest.fixture(scope="module")
@@ -454,7 +454,15 @@ def test_graph_edges_show_the_exact_weight_where_it_was_computed(tiny):
     cfg = AttributionConfig(method="atp", validation_features=6, validation_edges=8,
                             max_graph_nodes=10, edges="all")  # fmt: skip
     scored = stage.score(model, prompts, saes, cfg, "tiny")
-    graph = stage.build_graph(prompts, scored, cfg, {"seconds": {}, "method": cfg.method})
+    # Every feature's label from the features stage (by site and layer), here its own name.
+    names = {site_layer(h): {i: f"{h}:{i}" for i in range(s.cfg.d_sae)} for h, s in saes.items()}
+    meta = {"seconds": {}, "method": cfg.method}
+    graph = stage.build_graph(prompts, scored, cfg, meta, labels=names)
+    for node in graph["nodes"]:
+        feature = node["kind"] == "feature"
+        own = names[(node["site"], node["layer"])][node["index"]] if feature else None
+        assert node["label"] == own, node
+    assert any(node["label"] for node in graph["nodes"])
     computed = {(e["source"], e["target"]): e for e in graph["computed_edges"]}
     validated = graph["edge_validation"]["edges"]
     assert len(validated) == 8

@@ -262,6 +262,27 @@ def test_graph_file_has_circuit_tracers_fields(setup, graph):
     assert files.cantor(0, 7) == 35  # circuit-tracer's own toy graph file: layer 0, feature 7
 
 
+def test_a_features_clerp_is_its_label(setup, graph):
+    """The features stage's labels (by layer, then feature) become the feature nodes' clerp."""
+    _, _, tokens = setup
+    pruned = prune.prune(graph.adjacency, graph.kinds(), 0.8, 0.98)
+    labels = {}
+    for layer, _, feat in graph.features.tolist():
+        labels.setdefault(layer, {})[feat] = f"fires on L{layer}F{feat}"
+    content = files.graph_file(
+        graph, pruned, slug="p-0", scan="tiny", transcoder_list=[], prompt="", node_threshold=0.8,
+        prompt_tokens=[str(t) for t in tokens], answer_text="a", distractor_text="b",
+        answer_prob=0.5, extra={}, labels=labels,
+    )  # fmt: skip
+    feats = [n for n in content["nodes"] if n["feature_type"] == "cross layer transcoder"]
+    assert feats
+    for node in feats:
+        layer, feat, _ = map(int, node["node_id"].split("_"))
+        assert node["clerp"] == f"fires on L{layer}F{feat}"
+    errors = [n for n in content["nodes"] if n["feature_type"] == "mlp reconstruction error"]
+    assert all(n["clerp"] == "" for n in errors)
+
+
 # --- the heads carrying each cross-position edge ---------------------------------------------
 def test_head_terms_add_up_to_each_edge_and_match_pattern_ablations(setup, graph):
     """Every cross-position edge is the sum of its heads' terms (all heads computed), and a

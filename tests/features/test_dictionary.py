@@ -217,3 +217,40 @@ def test_a_transcoder_is_read_like_an_sae(setup):
     ref = logits.top_logits(tc.W_dec.detach().clone(), model, k=3)
     np.testing.assert_array_equal(got.top_ids, ref.top_ids)
     np.testing.assert_array_equal(got.bottom_values, ref.bottom_values)
+
+
+def test_the_export_command_writes_every_dictionary_of_a_run(built, tmp_path):
+    """scripts/neuronpedia_export.py over a run's features/ folder: one runner folder per
+    dictionary, its batches read back with SAEDashboard's fields and our numbers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, _, summary, folder = built
+    results = folder.parents[2]
+    script = Path(__file__).resolve().parents[2] / "scripts" / "neuronpedia_export.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--results", str(results), "--out", str(tmp_path),
+         "--model-id", "tiny", "--features-per-batch", "5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (out,) = tmp_path.iterdir()
+    assert out.name == f"tiny_circuitflow-resid_pre_{HOOK}_{D_SAE}"
+    settings = json.loads((out / "run_settings.json").read_text())
+    assert settings["hook_name"] == HOOK and settings["n_prompts_total"] == summary["n_contexts"]
+    feats = pd.read_parquet(folder / "features.parquet")
+    got = [
+        f for b in sorted(out.glob("batch-*.json")) for f in json.loads(b.read_text())["features"]
+    ]
+    assert [f["feature_index"] for f in got] == feats["feature"].tolist()
+    for f, row in zip(got, feats.itertuples(), strict=True):
+        assert list(f) == SAEDASHBOARD_FEATURE
+        assert f["pos_str"] == list(row.promoted_str)
+        assert f["frac_nonzero"] == pytest.approx(row.density, abs=1e-8)
+        assert all(list(a) == SAEDASHBOARD_ACTIVATION for a in f["activations"])
+    missing = subprocess.run(
+        [sys.executable, str(script), "--results", str(tmp_path / "none"), "--model-id", "x"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "no feature folders" in missing.stderr

@@ -397,7 +397,7 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     # The flags are the summary's own numbers judged (flags.py), the same from summary.json,
     # and the report's page lists each.
     from circuitflow.interventions.flags import flags_of
-    from circuitflow.report.tables import behaviour_sections
+    from circuitflow.report.pages.behaviour import behaviour_sections
 
     written = json.loads((out / "summary.json").read_text())
     for key, control in (("completeness", "random_completeness"),
@@ -417,7 +417,7 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     assert none["smallest_faithful_size"] is None
     assert none["faithfulness"] is None and none["faithfulness_heldout"] is None
     assert none["circuit_size_source"].startswith("none: no circuit size reaches")
-    from circuitflow.report.tables import behaviour_sections
+    from circuitflow.report.pages.behaviour import behaviour_sections
 
     page = str(behaviour_sections(adir, tmp_path / "n"))
     assert "none: no circuit size is faithful" in page
@@ -545,7 +545,7 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     (which name it), so the sets are not the live sets again with a dead head added."""
     from circuitflow.attribution import stage as attr_stage
     from circuitflow.attribution.contexts import FileRows
-    from circuitflow.report.tables import behaviour_sections
+    from circuitflow.report.pages.behaviour import behaviour_sections
 
     torch.set_num_threads(1)
     model, saes, prompts = tiny_spliced(N_PROMPTS, frozen=True)

@@ -75,6 +75,7 @@ def test_gpu_hours_from_a_suite_result(small):
         "train_sae_stream",
         "attribution",
         "interventions",
+        "features",
         "total",
     ]
     assert (frame["gpu_hours"] > 0).all()
@@ -100,11 +101,12 @@ def test_gpu_hours_from_a_suite_result(small):
         "pretrained_sae",
         "attribution",
         "interventions",
+        "features",
         "total",
     ]
     row = frame.set_index("stage").loc["pretrained_sae"]
     assert row["jobs"] == 1 and row["gpu_hours"] < by_stage.loc["train_sae_stream", "gpu_hours"]
-    assert "24 dictionaries in 1 job," in row["source"]
+    assert "1 job of 24 dictionaries," in row["source"]
 
 
 def _readme_block(name: str) -> str:

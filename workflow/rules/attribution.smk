@@ -14,6 +14,7 @@ rule attribution:
         # model run over the token set.
         acts=capture_outputs(SAE_SITES),
         tokens=[] if SOURCE.reads_activation_files else TOKEN_SET,
+        features=features_outputs(SAE_SITES),  # each feature node's label
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",
@@ -64,7 +65,8 @@ rule attribution:
         stage("attribution")
         + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --saes {input.saes}"
-        " --activations {input.acts} {params.tokens} --out-dir {params.out_dir} 2> {log}"
+        " --activations {input.acts} {params.tokens} --features {input.features}"
+        " --out-dir {params.out_dir} 2> {log}"
 
 
 # Transcoders (sae.kind transcoder or both): per prompt, the exact attribution graph of the local replacement model
@@ -76,6 +78,7 @@ rule prompt_graphs:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         transcoders=transcoder_outputs(),
         tokens=TOKEN_SET,  # the features' top-activating contexts
+        features=features_outputs(["mlp_out"]),  # each feature's label (clerp)
     output:
         graphs=directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
         page=report(
@@ -101,4 +104,4 @@ rule prompt_graphs:
         stage("prompt_graphs")
         + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
         " --model-json {input.model} --transcoders {input.transcoders} --tokens {input.tokens}"
-        " --out-dir {output.graphs} --page {output.page} 2> {log}"
+        " --features {input.features} --out-dir {output.graphs} --page {output.page} 2> {log}"

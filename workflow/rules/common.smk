@@ -11,6 +11,7 @@ from circuitflow import dictionary_sources as cf_sources
 from circuitflow import fit as cf_fit
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
+from circuitflow.features import plan as cf_features_plan
 from circuitflow.report import gpu_hours as cf_gpu_hours
 
 try:
@@ -210,6 +211,15 @@ def transcoder_outputs():
     return expand(f"{OUT}/saes/mlp_out/layer_{{layer}}", layer=LAYERS)
 
 
+def features_outputs(sites=None):
+    """Every dictionary's feature folder (features.smk; at `sites`: those sites' only)."""
+    return [
+        f"{OUT}/features/{site}/layer_{layer}"
+        for site, layer in cf_features_plan.members(config)
+        if sites is None or site in sites
+    ]
+
+
 def replacement_outputs():
     """Transcoders: the loss with every MLP replaced by its transcoder at once."""
     return [f"{OUT}/saes/replacement.json"] if TRANSCODERS else []
@@ -365,6 +375,7 @@ def stage_outputs():
         + capture_outputs()
         + sae_outputs()
         + replacement_outputs()
+        + features_outputs()
         + attribution_outputs()
         + interventions_outputs()
     )

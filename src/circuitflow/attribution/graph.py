@@ -310,10 +310,13 @@ def build_graph(
     cfg: AttributionConfig,
     n_layers: int,
     meta: dict[str, Any],
+    labels: dict[tuple[str, int], dict[int, str]] | None = None,
 ) -> dict[str, Any]:
-    """graph.json: nodes (id, kind, layer, index, score), pruned weighted edges (by |weight|,
-    exact where computed: edge_records), thresholds and every computed edge (`computed_edges`,
-    before pruning)."""
+    """graph.json: nodes (id, kind, layer, index, score; a feature's `label` from the features
+    stage, `labels` = features.write.read_labels, null where none), pruned weighted edges (by
+    |weight|, exact where computed: edge_records), thresholds and every computed edge
+    (`computed_edges`, before pruning)."""
+    labels = labels or {}
     out_nodes = [
         {
             "id": r["id"],
@@ -324,6 +327,11 @@ def build_graph(
             "score": float(r["score"]),
             "score_source": r["score_source"],
             "bridge": bool(r["bridge"]),
+            "label": (
+                labels.get((r["site"], int(r["layer"])), {}).get(int(r["index"]))
+                if r["kind"] == "feature"
+                else None
+            ),
         }
         for _, r in nodes.iterrows()
     ]
@@ -338,6 +346,7 @@ def build_graph(
             "score": total,
             "score_source": "metric",
             "bridge": False,
+            "label": None,
         }
     )
     as_dicts = edge_records(edges, meta.get("edge_validation"), cfg.method)

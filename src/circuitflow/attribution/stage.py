@@ -76,11 +76,15 @@ def score(
 
 
 def build_graph(
-    prompts: pd.DataFrame, scored: Scored, cfg: AttributionConfig, meta: dict[str, Any]
+    prompts: pd.DataFrame,
+    scored: Scored,
+    cfg: AttributionConfig,
+    meta: dict[str, Any],
+    labels: dict | None = None,
 ) -> dict[str, Any]:
-    """graph.json: the top nodes, the direct-effect edges between them (on the validation
-    prompts) and their validation against exact direct-path patching, `meta` (timings added
-    here)."""
+    """graph.json: the top nodes (features with their `labels`, features.write.read_labels),
+    the direct-effect edges between them (on the validation prompts) and their validation
+    against exact direct-path patching, `meta` (timings added here)."""
     sp = scored.scores.spliced
     validation = scores.validation_prompts(prompts, cfg)
     t0 = time.perf_counter()
@@ -97,7 +101,7 @@ def build_graph(
         )
     meta["seconds"]["edge_validation"] = time.perf_counter() - t0
     meta["n_validation_prompts"] = len(validation)
-    graph = circuit_graph.build_graph(nodes, edges, cfg, sp.model.cfg.n_layers, meta)
+    graph = circuit_graph.build_graph(nodes, edges, cfg, sp.model.cfg.n_layers, meta, labels)
     # What node pruning saw: graph.html's node threshold control measures shares of this total.
     graph["score_abs_total"] = float(scored.frame["score"].abs().sum())
     graph["n_nodes_scored"] = len(scored.frame)
@@ -177,6 +181,7 @@ def attribute(
     behaviour: str,
     out_dir: Path | str,
     bypass_bos: bool = False,
+    labels: dict | None = None,
 ) -> dict[str, Any]:
     """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
     graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`.
@@ -206,7 +211,7 @@ def attribute(
         "memory_plan": batch.describe(),
         "seconds": dict(ns.seconds),
     }
-    graph = build_graph(prompts, scored, cfg, meta)
+    graph = build_graph(prompts, scored, cfg, meta, labels)
     meta["seconds"]["total"] = time.perf_counter() - t0
     meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
     cost = ns.spliced.counter.summary(ns.n_prompts)
@@ -265,16 +270,19 @@ def run(
     activation_files: list[Path | str],
     out_dir: Path | str,
     token_set: tuple[Path | str, Path | str] | None = None,
+    feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
-    """The stage: load the model, prompts and SAEs named by the rule, then `attribute`. The
-    features' top contexts come from the SAEs' activation files (`sae.source: capture`) or,
-    where none were written, from the model run over the token set (`token_set`: tokens.npy
-    and tokens.json), BOS left out as `capture.exclude_bos` says."""
+    """The stage: load the model, prompts and SAEs named by the rule, then `attribute`. Each
+    feature node of graph.json carries its label from `feature_dirs` (the features stage's
+    folders of the SAEs). The features' top contexts come from the SAEs' activation files
+    (`sae.source: capture`) or, where none were written, from the model run over the token set
+    (`token_set`: tokens.npy and tokens.json), BOS left out as `capture.exclude_bos` says."""
     from circuitflow.attribution.splice import load_saes
     from circuitflow.capture.files import read_activation_info
     from circuitflow.capture.tokens import read_token_set
     from circuitflow.devices import precise_math
     from circuitflow.errors import ConfigError
+    from circuitflow.features.write import read_labels
     from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
     from circuitflow.sae.files import check_sae_dir
@@ -310,4 +318,7 @@ def run(
         }
     with precise_math():
         tokenizer = load_tokenizer(model_dir)
-        return attribute(model, prompts, saes, rows, tokenizer, cfg, behaviour, out_dir, bypass_bos)
+        labels = read_labels(feature_dirs)
+        return attribute(
+            model, prompts, saes, rows, tokenizer, cfg, behaviour, out_dir, bypass_bos, labels
+        )

@@ -211,6 +211,22 @@ class Collector:
         """Bytes of the state's tensors, as they are (`state_bytes()` predicts them)."""
         return sum(t.numel() * t.element_size() for t in self.state_tensors().values())
 
+    def state_dict(self) -> dict:
+        """Everything `update` has accumulated (CPU copies), for a checkpoint."""
+        tensors = {name: t.cpu() for name, t in self.state_tensors().items()}
+        return tensors | {"n_contexts": self.n_contexts, "context_length": self.context_length}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()` of a collector made with the same arguments."""
+        for name, t in self.state_tensors().items():
+            if tuple(state[name].shape) != tuple(t.shape):
+                raise ValueError(
+                    f"checkpoint's {name} {tuple(state[name].shape)} != {tuple(t.shape)}"
+                )
+            t.copy_(state[name])
+        self.n_contexts = int(state["n_contexts"])
+        self.context_length = state["context_length"]
+
     @torch.no_grad()
     def update(self, tokens: torch.Tensor | np.ndarray, acts: torch.Tensor) -> None:
         """Add one batch: `tokens` [B, T] (only their shape is used), `acts` [B, T, F]."""

@@ -51,12 +51,15 @@ from circuitflow.io import atomic_dir, write_json, write_text
 
 __all__ = [
     "ACTIVATION_FIELDS",
+    "export_run",
     "FEATURE_FIELDS",
     "Target",
     "feature_id",
     "sae_id",
     "write_batches",
 ]
+
+SAE_SET = "circuitflow-{site}"  # the default SAE set name of a run's dictionaries at a site
 
 FEATURE_FIELDS = (
     "feature_index",
@@ -235,3 +238,36 @@ def write_batches(
             text = json.dumps({**head, "features": batch}, allow_nan=False)
             write_text(tmp / f"batch-{b}.json", text)
     return folder
+
+
+def export_run(
+    results: Path | str,
+    out: Path | str,
+    model_id: str,
+    sae_set: str = SAE_SET,
+    n_features_per_batch: int = 128,
+) -> list[Path]:
+    """Write the batches of every dictionary whose feature files a run holds
+    (`results/features/{site}/layer_{layer}/`) under `out`, one runner folder each; `sae_set`
+    may name the site (`{site}`). Returns the folders, by site and layer."""
+    from circuitflow.errors import InputError
+    from circuitflow.inputs import json_file
+
+    folders = sorted(Path(results, "features").glob("*/layer_*"))
+    if not folders:
+        raise InputError(
+            f"{Path(results) / 'features'}: no feature folders; run the features rules"
+        )
+    written = []
+    for folder in folders:
+        summary = json_file(folder / "summary.json", ("site", "layer", "hook"), "features",
+                            "feature summary")  # fmt: skip
+        site, layer = summary["site"], int(summary["layer"])
+        target = Target(model_id, layer, sae_set.format(site=site), summary["hook"],
+                        dataset=Path(summary.get("token_set", "")).name)  # fmt: skip
+        features = pd.read_parquet(folder / "features.parquet")
+        contexts = pd.read_parquet(folder / "contexts.parquet")
+        written.append(
+            write_batches(out, features, contexts, summary, target, n_features_per_batch)
+        )
+    return written

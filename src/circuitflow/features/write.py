@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from circuitflow import inputs
 from circuitflow.features.collect import (
     BIN_EDGES,
     LOG_DENSITY_EDGES,
@@ -57,10 +58,10 @@ from circuitflow.features.collect import (
 )
 from circuitflow.features.labels import Evidence, get
 from circuitflow.features.logits import Logits
-from circuitflow.features.windows import Reader, read_windows
+from circuitflow.features.windows import Reader, Windows, read_windows
 from circuitflow.io import atomic_dir, json_text, write_json, write_parquet
 
-__all__ = ["build", "feature_dir", "write", "FINAL_NORM"]
+__all__ = ["build", "feature_dir", "kept_contexts", "read_labels", "write", "FINAL_NORM"]
 
 FINAL_NORM = (
     "decoder rows centred over d_model for a LayerNorm model, final norm scale folded into "
@@ -72,7 +73,7 @@ def feature_dir(outdir: Path | str, site: str, layer: int) -> Path:
     return Path(outdir) / "features" / site / f"layer_{layer}"
 
 
-def _contexts(stats: FeatureStats) -> pd.DataFrame:
+def kept_contexts(stats: FeatureStats) -> pd.DataFrame:
     """One row per kept (feature, context, position), before the windows are read."""
     f, k = stats.top_context.shape
     feat = np.repeat(np.arange(f), k)
@@ -110,25 +111,29 @@ def _contexts(stats: FeatureStats) -> pd.DataFrame:
 def build(
     stats: FeatureStats,
     logits: Logits,
-    read: Reader,
+    read: Reader | None,
     vocab: Sequence[str],
     labeller: str = "tokens",
     window: tuple[int, int] = (12, 4),
     first_position: int = 0,
     meta: dict[str, Any] | None = None,
+    windows: Windows | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """The three outputs: features, contexts (windows read through `read`) and the summary.
-    `vocab[i]` is token i's string."""
-    ctx = _contexts(stats)
-    toks, vals, start, qual = read_windows(
-        ctx["feature"].to_numpy(),
-        ctx["context"].to_numpy(),
-        ctx["position"].to_numpy(),
-        read,
-        left=window[0],
-        right=window[1],
-        first_position=first_position,
-    )
+    """The three outputs: features, contexts (windows read through `read`, or `windows` read
+    already for `kept_contexts(stats)`'s rows, in order) and the summary. `vocab[i]` is token
+    i's string."""
+    ctx = kept_contexts(stats)
+    if windows is None:
+        windows = read_windows(
+            ctx["feature"].to_numpy(),
+            ctx["context"].to_numpy(),
+            ctx["position"].to_numpy(),
+            read,
+            left=window[0],
+            right=window[1],
+            first_position=first_position,
+        )
+    toks, vals, start, qual = windows
     ctx["activation"] = np.array([v[q] for v, q in zip(vals, qual, strict=True)], np.float32)
     ctx["window_start"] = start
     ctx["qualifying_index"] = qual
@@ -223,3 +228,16 @@ def write(
         write_parquet(tmp / "contexts.parquet", contexts)
         write_json(tmp / "summary.json", summary)
     return folder
+
+
+def read_labels(folders: Sequence[Path | str]) -> dict[tuple[str, int], dict[int, str]]:
+    """Each folder's labels by feature, keyed by the (site, layer) its summary.json names: what
+    the attribution stages put beside a feature wherever they show one."""
+    out = {}
+    for folder in map(Path, folders):
+        summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
+                                   "feature summary")  # fmt: skip
+        table = pd.read_parquet(folder / "features.parquet", columns=["feature", "label"])
+        labels = dict(zip(table["feature"].tolist(), table["label"].tolist(), strict=True))
+        out[(summary["site"], int(summary["layer"]))] = labels
+    return out

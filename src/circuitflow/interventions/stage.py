@@ -42,157 +42,36 @@ t-interval over prompts on the full set, `p_value` a paired t-test against no ef
 Flags (flags.py): summary.json says where a random control reaches its circuit's value and
 where a faithfulness falls under the threshold (held out, or the attribution graph's own).
 
-Steps: `read_attribution` (the attribution stage's tables and graph), `circuits`, `heads`,
-`features` (each in its module), `write` (tables, figures, summary.json last), `summarise` and
-`headline` (the script's line).
+Steps: `inputs.read_attribution` (the attribution stage's tables and graph),
+`selection.circuits` and `selection.top_heads` (what is tested), the studies `circuits`, `heads`
+and `features` (each in its module), `write` (tables, figures) and `summary.summarise`
+(summary.json, last; `summary.headline` is the script's line). `across.py` joins the behaviours'
+single-head tables (rule interventions_across).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from circuitflow.batching import selection_half
-from circuitflow.interventions import circuits as circ
 from circuitflow.interventions import features as feat
-from circuitflow.interventions import flags, plots
 from circuitflow.interventions import heads as hd
+from circuitflow.interventions import plots
 from circuitflow.interventions.ablation import Intervener
 from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.inputs import read_attribution
+from circuitflow.interventions.selection import circuits, inert_heads, top_heads
 from circuitflow.interventions.stats import Runs, seeds_for
+from circuitflow.interventions.summary import summarise
 from circuitflow.io import save_figure, write_json, write_parquet
-from circuitflow.nodes import component_nodes, site_layer
 from circuitflow.perf import PassCounter
 
 log = logging.getLogger(__name__)
-METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
-
-
-@dataclass
-class AttributionResults:
-    """What the attribution stage wrote for the behaviour (None where a file is absent)."""
-
-    heads: pd.DataFrame | None
-    components: pd.DataFrame | None
-    features: pd.DataFrame | None
-    graph: dict[str, Any] | None
-
-
-# What interventions read from each attribution output (the score column is the method's).
-ATTRIBUTION_TABLES = {
-    "heads": ("layer", "head", "score"),
-    "components": ("kind", "layer", "index", "score", "score_selection"),
-    "features": ("kind", "site", "layer", "feature", "score", "score_selection"),
-}
-
-
-def read_attribution(attr_dir: Path | str, required: bool = False) -> AttributionResults:
-    """The attribution stage's tables and graph.json in `attr_dir`, each checked (InputError
-    naming the file when unreadable or missing a column). An absent file reads as None unless
-    `required` (the stage: the rule names all four)."""
-    from circuitflow import inputs
-
-    attr_dir = Path(attr_dir)
-    rerun = f"attribution for {attr_dir}"
-
-    def table(name: str) -> pd.DataFrame | None:
-        path = attr_dir / f"{name}.parquet"
-        if not required and not path.exists():
-            return None
-        return inputs.parquet_table(
-            path, ATTRIBUTION_TABLES[name], rerun, what=f"attribution {name} table"
-        )
-
-    graph_path = attr_dir / "graph.json"
-    graph = (
-        inputs.json_file(graph_path, ("nodes",), rerun, what="attribution graph")
-        if required or graph_path.exists()
-        else None
-    )
-    return AttributionResults(table("heads"), table("components"), table("features"), graph)
-
-
-@dataclass
-class Circuits:
-    curves: pd.DataFrame
-    ranked: list  # candidate nodes by |attribution score| on the selection half
-    size: int | None  # the circuit size reported; None when no size is faithful
-    smallest: int | None  # the smallest faithful size (selection half)
-    features_as_nodes: bool
-    selection: Any  # mask over prompts: the selection half
-    component_curves: pd.DataFrame  # the curves over the components alone
-    component_ranked: list  # the components by |attribution score| on the selection half
-
-
-def circuits(
-    runs: Runs,
-    attr: AttributionResults,
-    saes: dict[str, Any],
-    cfg: InterventionsConfig,
-    model_cfg,
-    base_seed: int,
-    selection,
-) -> Circuits:
-    """Candidates ranked by attribution on the selection half, the curves over circuit sizes,
-    the smallest faithful size on the selection half (grid, then bisection) and the attribution
-    graph's own node set as a circuit; beside a circuit of features, the same over the
-    components alone (the component circuit)."""
-    active = None
-    if attr.components is not None and len(attr.components):
-        if cfg.circuit_nodes == "features" and saes:
-            active = {site_layer(h): feat.active_features(runs.iv, h) for h in saes}
-        ranked = circ.ranked_nodes(attr.components, attr.features, active)
-    else:
-        ranked = component_nodes(model_cfg.n_layers, model_cfg.n_heads)
-    claimed = circ.graph_nodes(attr.graph, ranked)
-    sizes = circ.circuit_sizes(len(ranked), cfg, [cfg.circuit_size])
-    curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, selection, named=claimed)
-    curves = circ.refine_smallest(runs, ranked, curves, cfg, base_seed, selection)
-    smallest = circ.smallest_faithful(curves, cfg.faithfulness_threshold)
-    size = cfg.circuit_size if cfg.circuit_size is not None else smallest
-    size = min(size, len(ranked)) if size is not None else None
-    comp_ranked, comp_curves = ranked, curves
-    if active:  # features are candidates: the component circuit is a second search
-        comp_ranked = circ.ranked_nodes(attr.components)
-        sizes = circ.circuit_sizes(len(comp_ranked), cfg, [])
-        # Random controls at the size it finds only (refine_smallest): no figure draws this
-        # search's curves.
-        comp_curves = circ.circuit_curves(
-            runs, comp_ranked, sizes, cfg, base_seed, selection, controls=False
-        )
-        comp_curves = circ.refine_smallest(
-            runs, comp_ranked, comp_curves, cfg, base_seed, selection
-        )
-    return Circuits(
-        curves, ranked, size, smallest, bool(active), selection, comp_curves.copy(), comp_ranked
-    )
-
-
-def _scored_heads(attr: AttributionResults, singles: pd.DataFrame) -> pd.DataFrame:
-    """Heads with the score that picks the top heads: attribution's (the ablation effect when
-    attribution has none)."""
-    return attr.heads if attr.heads is not None and len(attr.heads) else singles
-
-
-def inert_heads(attr: AttributionResults, singles: pd.DataFrame) -> list[tuple[int, int]]:
-    """Heads whose score is exactly 0, such as pruned heads (W_O = 0): nothing to test, so they
-    are left out of the top heads and the head sets."""
-    heads = _scored_heads(attr, singles)
-    return sorted((int(r.layer), int(r.head)) for r in heads[heads["score"] == 0].itertuples())
-
-
-def top_heads(attr: AttributionResults, singles: pd.DataFrame, k: int) -> list[tuple[int, int]]:
-    """The k heads by |attribution score| (by ablation effect when attribution has none),
-    inert heads (score exactly 0) left out."""
-    heads = _scored_heads(attr, singles)
-    heads = heads[heads["score"] != 0]
-    order = heads.reindex(heads["score"].abs().sort_values(ascending=False).index)
-    return [(int(r.layer), int(r.head)) for r in order.head(k).itertuples()]
 
 
 def write(
@@ -215,135 +94,6 @@ def write(
     }
     for name, fig in figures.items():
         save_figure(out / name, fig)
-
-
-def summarise(
-    behaviour: str,
-    cfg: InterventionsConfig,
-    runs: Runs,
-    c: Circuits,
-    singles: pd.DataFrame,
-    top: list[tuple[int, int]],
-    n_prompts: int,
-    seconds: dict[str, float],
-    inert: list[tuple[int, int]] | None = None,
-) -> dict[str, Any]:
-    """summary.json (every number from the tables the stage wrote), with the flags on its
-    headline numbers (flags.py). `inert`: the heads left out of the top heads."""
-    curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
-    top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
-
-    def at(n: int | None, column: str) -> float | None:
-        return float(top_rows.loc[n, column]) if n is not None else None
-
-    def band(column: str, n: int | None) -> float | None:
-        b = circ.random_band(curves, column)
-        return float(b.loc[n, "mean"]) if n is not None and n in b.index else None
-
-    def nodes(n: int | None) -> list[str] | None:
-        return None if n is None else [node.id for node in ranked[:n]]
-
-    if cfg.circuit_size is not None:
-        source = "config"
-    elif smallest is not None:
-        source = "smallest faithful on the selection half"
-    else:
-        source = (
-            f"none: no circuit size reaches faithfulness {cfg.faithfulness_threshold} on the "
-            "selection half"
-        )
-    summary = {
-        "behaviour": behaviour,
-        "ablation": cfg.ablation,
-        "mean_reference": cfg.mean_reference if cfg.ablation == "mean" else None,
-        "metric": METRIC,
-        "n_prompts": n_prompts,
-        "n_prompts_selection": int(c.selection.sum()),
-        "n_prompts_heldout": int((~c.selection).sum()),
-        "seeds": runs.seeds,
-        "logit_diff_clean": float(runs.base.logit_diff.mean()),
-        "logit_diff_empty": float(top_rows["m_empty"].iloc[0]),
-        "accuracy_clean": float(runs.base.correct.mean()),
-        "circuit_nodes": circ.CIRCUIT_NODE_TEXT[
-            cfg.circuit_nodes if c.features_as_nodes else "components"
-        ],
-        "n_nodes": len(ranked),
-        "n_nodes_by_kind": circ.count_kinds(ranked),
-        "circuit_size": size,
-        "circuit_size_source": source,
-        "circuit": nodes(size),
-    }
-    for half in ("", "_heldout"):
-        for metric in ("faithfulness", "completeness"):
-            summary[f"{metric}{half}"] = at(size, f"{metric}{half}")
-            summary[f"{metric}{half}_std"] = at(size, f"{metric}{half}_std")
-            summary[f"random_{metric}{half}"] = band(f"{metric}{half}", size)
-    summary |= {
-        "faithfulness_auc": circ.faithfulness_auc(curves, len(ranked), "faithfulness_heldout"),
-        "faithfulness_auc_selection": circ.faithfulness_auc(curves, len(ranked), "faithfulness"),
-        "faithfulness_threshold": cfg.faithfulness_threshold,
-        "smallest_faithful_size": smallest,
-        "smallest_faithful_circuit": nodes(smallest),
-        "smallest_faithful_fraction": None if smallest is None else smallest / len(ranked),
-        "smallest_faithful_by_kind": None
-        if smallest is None
-        else circ.count_kinds(ranked[:smallest]),
-        "random_faithfulness_at_smallest": band("faithfulness", smallest),
-        "graph_circuit": circ.graph_summary(curves),
-        "component_circuit": circ.component_summary(
-            c.component_curves, c.component_ranked, cfg.faithfulness_threshold
-        ),
-        # By ablation effect; heads whose ablation changes nothing at all are left out.
-        "top_heads": singles[singles["score"] != 0]
-        .head(5)[["layer", "head", "score", "drop_frac"]]
-        .to_dict("records"),
-        "top_k_heads": [hd.head_label(*h) for h in top],
-        "inert_heads": [hd.head_label(*h) for h in inert or []],
-        "n_runs": runs.n_runs,
-        "config": asdict(cfg),
-        "seconds": seconds,
-    }
-    for column in ("faithfulness", "completeness", "faithfulness_heldout", "completeness_heldout"):
-        curve = {int(n): float(v) for n, v in top_rows[column].items()}
-        summary[column.replace("ness", "ness_curve", 1)] = curve
-    return flags.with_flags(summary)
-
-
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    """A summary number for the headline; `none` where the summary has none (no faithful
-    circuit size: the metrics at it are null)."""
-    return "none" if x is None else format(x, spec)
-
-
-def headline(behaviour: str, s: dict[str, Any]) -> str:
-    """The script's one line about a summary: the component circuit's faithfulness, the
-    circuit's faithfulness and completeness (or that no size is faithful), the top head drops
-    and how many flags summary.json raises."""
-    heads = ", ".join(
-        f"L{h['layer']}H{h['head']} {_fmt(h['drop_frac'], '.0%')}" for h in s["top_heads"][:3]
-    )
-    if s["circuit_size"] is None:
-        circuit = (
-            f"no circuit size reaches faithfulness {s['faithfulness_threshold']} on the "
-            "selection half"
-        )
-    else:
-        circuit = (
-            f"faithfulness {_fmt(s['faithfulness'])} (held out "
-            f"{_fmt(s['faithfulness_heldout'])}), completeness {_fmt(s['completeness'])} at "
-            f"n={s['circuit_size']}; smallest faithful n={s['smallest_faithful_size']}"
-        )
-    comp = s.get("component_circuit") or {}
-    if comp.get("size") is None:
-        components = "no component circuit is faithful"
-    else:
-        components = (
-            f"component circuit n={comp['size']} faithfulness "
-            f"{_fmt(comp['faithfulness'])} (held out {_fmt(comp['faithfulness_heldout'])})"
-        )
-    n_flags = len(s.get("flags") or [])
-    flagged = f"; {n_flags} flags in summary.json" if n_flags else ""
-    return f"{behaviour}: {components}; {circuit}; top head drops {heads or 'none'}{flagged}"
 
 
 def intervene(
@@ -468,18 +218,3 @@ def run(
             int(config["seed"]),
             bool(graph.get("bypass_bos", False)),
         )
-
-
-def across(
-    behaviours: list[str], head_tables: list[Path | str], out: Path | str, out_figure: Path | str
-) -> pd.DataFrame:
-    """The interventions_across rule: single-head effects of every behaviour in one table."""
-    from circuitflow.errors import ConfigError
-
-    if len(behaviours) != len(head_tables):
-        raise ConfigError("--behaviours and --heads must name the same number of items")
-    tables = {b: pd.read_parquet(p) for b, p in zip(behaviours, head_tables, strict=True)}
-    frame = hd.heads_across_behaviours(tables)
-    save_figure(out_figure, plots.heads_across(frame))
-    write_parquet(out, frame)
-    return frame

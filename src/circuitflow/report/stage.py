@@ -2,13 +2,13 @@
 report_gpu_hours, job_costs): each writes its HTML page for `snakemake --report`, with a CSV
 beside every table and the figures; report_behaviour also the attribution graph's page with the
 interventions' steering results, the graph's own faithfulness and completeness as a circuit and
-the flags on the interventions' numbers. The tables and figures themselves are in `tables.py`,
-`job_costs.py` and `gpu_hours.py`.
+the flags on the interventions' numbers. Each page's sections and figures are in `pages/`
+(`sae`, `baseline`, `behaviour`, `provenance`, `gpu_hours`), built with the HTML kit `html.py`
+from other stages' files read through `inputs.py`; the job costs' tables are in `job_costs.py`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -16,8 +16,16 @@ import pandas as pd
 from circuitflow.attribution.page import graph_html
 from circuitflow.interventions.flags import flags
 from circuitflow.io import save_figure, write_text
+from circuitflow.report import inputs
 from circuitflow.report import job_costs as costs
-from circuitflow.report import tables as rt
+from circuitflow.report.html import page, table_html
+from circuitflow.report.pages import baseline as baseline_page
+from circuitflow.report.pages import behaviour as behaviour_page
+from circuitflow.report.pages import provenance as provenance_page
+from circuitflow.report.pages import sae as sae_page
+
+# What the job costs page shows of provenance/environment.json.
+ENVIRONMENT_KEYS = ("cuda_available", "gpus", "hostname")
 
 
 def write_csv(path: Path | str, frame: pd.DataFrame) -> None:
@@ -25,8 +33,8 @@ def write_csv(path: Path | str, frame: pd.DataFrame) -> None:
 
 
 def sae_summary(sae_dirs, out_csv, out_html, out_figure, out_controller) -> pd.DataFrame:
-    metrics = rt.read_sae_metrics(sae_dirs)
-    table = rt.sae_table(metrics)
+    metrics = sae_page.read_sae_metrics(sae_dirs)
+    table = sae_page.sae_table(metrics)
     write_csv(out_csv, table)
     intro = (
         "One row per trained SAE (saes/{site}/layer_{layer}/metrics.json). l0: mean active "
@@ -34,28 +42,29 @@ def sae_summary(sae_dirs, out_csv, out_html, out_figure, out_controller) -> pd.D
         "zero-ablated - CE with the SAE) / (CE zero-ablated - clean CE); dead_fraction: latents "
         "that never fired over the last dead_window_tokens."
     )
-    page = rt.page("SAE metrics per layer", [("SAEs", rt.table_html(table))], intro)
-    write_text(out_html, page)
-    save_figure(out_figure, rt.plot_sae_metrics(table))
-    save_figure(out_controller, rt.plot_controller(metrics))
+    write_text(out_html, page("SAE metrics per layer", [("SAEs", table_html(table))], intro))
+    save_figure(out_figure, sae_page.plot_sae_metrics(table))
+    save_figure(out_controller, sae_page.plot_controller(metrics))
     return table
 
 
 def baseline(baseline_jsons, out_csv, out_html) -> pd.DataFrame:
-    table = rt.baseline_table(baseline_jsons)
+    table = baseline_page.baseline_table(baseline_jsons)
     write_csv(out_csv, table)
     intro = "Baseline of every behaviour on the unmodified model (baseline/{behaviour}.json)."
-    write_text(out_html, rt.page("Baseline metrics", [("Baseline", rt.table_html(table))], intro))
+    write_text(out_html, page("Baseline metrics", [("Baseline", table_html(table))], intro))
     return table
 
 
 def behaviour(
     name: str, attribution_dir, interventions_dir, out_html, top: int = 15, prompt_graphs=None
 ) -> None:
-    """tables.html of a behaviour (report/tables.behaviour_sections); `prompt_graphs`: its
-    per-prompt graphs' directory, where transcoders drew them, which the page leads with."""
-    sections = rt.behaviour_sections(attribution_dir, interventions_dir, top, prompt_graphs)
-    write_text(out_html, rt.page(f"Results of behaviour {name}", sections))
+    """tables.html of a behaviour (pages/behaviour.py); `prompt_graphs`: its per-prompt graphs'
+    directory, where transcoders drew them, which the page leads with."""
+    sections = behaviour_page.behaviour_sections(
+        attribution_dir, interventions_dir, top, prompt_graphs
+    )
+    write_text(out_html, page(f"Results of behaviour {name}", sections))
 
 
 def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
@@ -64,18 +73,18 @@ def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
     the header the graph's own faithfulness and completeness as a circuit with the flags on the
     interventions' numbers (interventions/summary.json). This is the copy the report shows."""
     attr, iv = Path(attribution_dir), Path(interventions_dir)
-    graph = json.loads((attr / "graph.json").read_text())
-    contexts = pd.read_parquet(attr / "feature_contexts.parquet")
-    steering = pd.read_parquet(iv / "steering.parquet")
-    summary = json.loads((iv / "summary.json").read_text())
-    page = graph_html(graph, f"{name} circuit", contexts, steering, summary, flags(summary))
-    write_text(out_html, page)
+    graph = inputs.json_of(attr / "graph.json", ("nodes", "edges"), "attribution", "graph")
+    contexts = inputs.table_of(attr / "feature_contexts.parquet", (), "attribution", "contexts")
+    steering = inputs.table_of(iv / "steering.parquet", (), "interventions", "steering table")
+    summary = behaviour_page.read_summary(iv)
+    html = graph_html(graph, f"{name} circuit", contexts, steering, summary, flags(summary))
+    write_text(out_html, html)
 
 
 def provenance(provenance_dir, out_html) -> None:
-    sections = rt.provenance_sections(provenance_dir)
+    sections = provenance_page.provenance_sections(provenance_dir)
     intro = "Everything needed to reproduce this run; the JSON files are in provenance/."
-    write_text(out_html, rt.page("Provenance", sections, intro))
+    write_text(out_html, page("Provenance", sections, intro))
 
 
 def gpu_hours(
@@ -93,12 +102,13 @@ def gpu_hours(
     from circuitflow import config as cf_config
     from circuitflow.cluster import Cluster
     from circuitflow.report import gpu_hours as gh
+    from circuitflow.report.pages.gpu_hours import gpu_hours_sections
 
     cluster = Cluster(gpu_type=gpu, max_runtime=max_runtime)
 
     reference = cf_config.load(reference_config)
     name = f"the CSD3 reference run ({Path(reference_config).name})"
-    sections = rt.gpu_hours_sections(suite_paths, run_config, reference, name, gpu, cluster)
+    sections = gpu_hours_sections(suite_paths, run_config, reference, name, gpu, cluster)
     frames = []
     for path in suite_paths:
         try:
@@ -114,13 +124,13 @@ def gpu_hours(
         "in the suite, are charged at its rate for a bare forward pass. The GPU is the "
         "profile's gpu_type."
     )
-    write_text(out_html, rt.page("GPU-hours of a full run", sections, intro))
+    write_text(out_html, page("GPU-hours of a full run", sections, intro))
 
 
 def job_costs(config: dict, outdir, environment, out_csv, out_html, out_figure) -> pd.DataFrame:
     """Wall time, peak memory, CPU time and GPU-hours per rule and per job, from Snakemake's
     benchmark files (benchmarks/**.tsv)."""
-    env = json.loads(Path(environment).read_text())
+    env = inputs.json_of(environment, ENVIRONMENT_KEYS, "provenance", "environment")
     gpu_seen = bool(env.get("cuda_available")) and config["device"] != "cpu"
     frame = costs.job_costs(outdir, config, list(config["behaviours"]), gpu_seen)
     write_csv(out_csv, frame)
@@ -137,9 +147,9 @@ def job_costs(config: dict, outdir, environment, out_csv, out_html, out_figure) 
         "passes). The report's own jobs are not included."
     )
     sections = [
-        ("Per rule", rt.table_html(costs.per_rule(frame))),
-        ("Per job (rule, behaviour, site and layer)", rt.table_html(frame)),
+        ("Per rule", table_html(costs.per_rule(frame))),
+        ("Per job (rule, behaviour, site and layer)", table_html(frame)),
     ]
-    write_text(out_html, rt.page("Cost of every job", sections, intro))
+    write_text(out_html, page("Cost of every job", sections, intro))
     save_figure(out_figure, costs.plot(frame))
     return frame

@@ -58,14 +58,17 @@ def _node(node_id, feature, layer, pos, kind, js, **extra) -> dict[str, Any]:
 
 
 def node_records(graph: PromptGraph, answer_text: str, distractor_text: str, answer_prob: float,
-                 cumulative: torch.Tensor) -> list[dict[str, Any]]:  # fmt: skip
-    """Every node of `graph`, in node order."""
+                 cumulative: torch.Tensor, labels: dict | None = None) -> list[dict]:  # fmt: skip
+    """Every node of `graph`, in node order; a feature's `clerp` is its label from the features
+    stage (`labels`: by layer, then feature; empty where there is none)."""
+    labels = labels or {}
     nodes = []
     for i, (layer, pos, feat) in enumerate(graph.features.tolist()):
         nodes.append(
             _node(f"{layer}_{feat}_{pos}", cantor(layer, feat), layer, pos,
                   "cross layer transcoder", f"{layer}_{feat}-0",
-                  influence=float(cumulative[i]), activation=float(graph.activations[i]))
+                  influence=float(cumulative[i]), activation=float(graph.activations[i]),
+                  clerp=labels.get(layer, {}).get(feat, ""))
         )  # fmt: skip
     for layer in range(graph.n_layers):
         for pos in range(graph.n_pos):
@@ -105,12 +108,14 @@ def graph_file(
     answer_prob: float,
     extra: dict[str, Any],
     edge_heads: dict | None = None,
+    labels: dict[int, dict[int, str]] | None = None,
 ) -> dict[str, Any]:
     """The graph file's content: the kept edges of `pruned` as links (by target, then source),
     the nodes they join plus every token and logit node (as circuit-tracer writes them). A
     cross-position link also lists, under `heads`, the heads carrying most of it
     (heads.split_edges: `weight` = the paths through the head), at most HEADS_PER_LINK."""
-    records = node_records(graph, answer_text, distractor_text, answer_prob, pruned.cumulative)
+    records = node_records(graph, answer_text, distractor_text, answer_prob, pruned.cumulative,
+                           labels)  # fmt: skip
     targets, sources = torch.nonzero(pruned.edge_mask, as_tuple=True)
     edge_heads = edge_heads or {}
     links = []

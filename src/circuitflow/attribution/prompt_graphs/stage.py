@@ -5,6 +5,7 @@ top-activating contexts beside them, and the page that draws them (see docs/outp
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ from circuitflow.attribution.prompt_graphs import (
 )
 from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
+from circuitflow.features.write import read_labels
 from circuitflow.io import write_json, write_parquet, write_text
 from circuitflow.nodes import hook_name, site_layer
 from circuitflow.perf import PassCounter
@@ -69,6 +71,38 @@ def kept_feature_contexts(
                 cfg.context_max_tokens,
             )  # fmt: skip
         )
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def stage_feature_contexts(
+    feature_dirs: list[Path | str], kept: dict[int, set[int]], n_contexts: int
+) -> pd.DataFrame:
+    """The top-activating contexts of every feature some pruned graph kept ({layer: features}),
+    read from the features stage's folders of the transcoders (its top `n_contexts` of each,
+    from the same pass that labels them): no model run here. Columns as
+    attribution/contexts.py writes them, so the page reads either."""
+    frames = []
+    for folder in map(Path, feature_dirs):
+        summary = json.loads((folder / "summary.json").read_text())
+        layer, skip = int(summary["layer"]), int(summary["first_position"])
+        per_context = int(summary["context_length"]) - skip
+        ctx = pd.read_parquet(folder / "contexts.parquet")
+        top = ctx[(ctx["kind"] == "top") & ctx["feature"].isin(kept.get(layer, ()))]
+        top = top[top["rank"] < n_contexts].sort_values(["feature", "rank"])
+        rows = []
+        for r in top.itertuples():
+            q = int(r.qualifying_index)
+            words = list(r.token_str)
+            rows.append({
+                "site": summary["site"], "layer": layer, "feature": int(r.feature),
+                "rank": int(r.rank) + 1, "activation": float(r.activation),
+                "row": int(r.context) * per_context + int(r.position) - skip,
+                "context": int(r.context), "position": int(r.position),
+                "tokens": [int(t) for t in r.tokens], "max_token": words[q],
+                "text": "".join(words[:q]) + " [[" + words[q] + "]] " + "".join(words[q + 1 :]),
+            })  # fmt: skip
+        frames.append(pd.DataFrame(rows))
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -133,14 +167,18 @@ def run(
     out_dir: Path | str,
     token_set: tuple[Path | str, Path | str] | None = None,
     page_path: Path | str | None = None,
+    feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
-    summary.json, feature_contexts.parquet (from `token_set` = (tokens.npy, tokens.json); none
-    without); then `page_path` (default: `out_dir` with .html), the page; return the summary."""
+    summary.json, feature_contexts.parquet (from the features stage's `feature_dirs`, which also
+    label the features; else from `token_set` = (tokens.npy, tokens.json); none without either);
+    then `page_path` (default: `out_dir` with .html), the page; return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
     prompts = read_prompts(prompts_path).head(cfg.prompt_graphs)
+    # Each feature's label (clerp) from the features stage's transcoder folders, by layer.
+    labels = {layer: by_feature for (_, layer), by_feature in read_labels(feature_dirs).items()}
     device = resolve_device(config["device"])
     transcoders = load_transcoders(transcoder_dirs, device)
     # float32 whatever model.dtype: every edge is a number a user reads.
@@ -210,7 +248,7 @@ def run(
                 distractor_text=token_text(tokenizer, distractor), answer_prob=prob,
                 extra={"behaviour": behaviour, "prompt_id": int(row.prompt_id),
                        "answer": answer, "distractor": distractor, **summary},
-                edge_heads=edge_heads,
+                edge_heads=edge_heads, labels=labels,
             )  # fmt: skip
             write_json(tmp / f"{slug}.json", content)
             written.append(content)
@@ -227,7 +265,10 @@ def run(
             )  # fmt: skip
         write_json(tmp / INDEX, files.index(written))
         found = None
-        if token_set is not None:
+        if feature_dirs:  # the features stage's contexts: no pass over the token set here
+            found = stage_feature_contexts(feature_dirs, kept, cfg.n_contexts)
+            write_parquet(tmp / CONTEXTS, found)
+        elif token_set is not None:
             with counter.part("contexts"):
                 found = kept_feature_contexts(model, transcoders, token_set, kept, cfg,
                                               skip_bos, tokenizer, counter)  # fmt: skip

@@ -1,0 +1,147 @@
+"""The interventions stage's summary.json (every number from the tables the stage wrote, with
+the flags on its headline numbers) and `headline`, the script's one line about it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import pandas as pd
+
+from circuitflow.interventions import circuits as circ
+from circuitflow.interventions import flags
+from circuitflow.interventions import heads as hd
+from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.selection import Circuits
+from circuitflow.interventions.stats import Runs
+
+METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
+
+
+def summarise(
+    behaviour: str,
+    cfg: InterventionsConfig,
+    runs: Runs,
+    c: Circuits,
+    singles: pd.DataFrame,
+    top: list[tuple[int, int]],
+    n_prompts: int,
+    seconds: dict[str, float],
+    inert: list[tuple[int, int]] | None = None,
+) -> dict[str, Any]:
+    """summary.json (every number from the tables the stage wrote), with the flags on its
+    headline numbers (flags.py). `inert`: the heads left out of the top heads."""
+    curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
+    top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
+
+    def at(n: int | None, column: str) -> float | None:
+        return float(top_rows.loc[n, column]) if n is not None else None
+
+    def band(column: str, n: int | None) -> float | None:
+        b = circ.random_band(curves, column)
+        return float(b.loc[n, "mean"]) if n is not None and n in b.index else None
+
+    def nodes(n: int | None) -> list[str] | None:
+        return None if n is None else [node.id for node in ranked[:n]]
+
+    if cfg.circuit_size is not None:
+        source = "config"
+    elif smallest is not None:
+        source = "smallest faithful on the selection half"
+    else:
+        source = (
+            f"none: no circuit size reaches faithfulness {cfg.faithfulness_threshold} on the "
+            "selection half"
+        )
+    summary = {
+        "behaviour": behaviour,
+        "ablation": cfg.ablation,
+        "mean_reference": cfg.mean_reference if cfg.ablation == "mean" else None,
+        "metric": METRIC,
+        "n_prompts": n_prompts,
+        "n_prompts_selection": int(c.selection.sum()),
+        "n_prompts_heldout": int((~c.selection).sum()),
+        "seeds": runs.seeds,
+        "logit_diff_clean": float(runs.base.logit_diff.mean()),
+        "logit_diff_empty": float(top_rows["m_empty"].iloc[0]),
+        "accuracy_clean": float(runs.base.correct.mean()),
+        "circuit_nodes": circ.CIRCUIT_NODE_TEXT[
+            cfg.circuit_nodes if c.features_as_nodes else "components"
+        ],
+        "n_nodes": len(ranked),
+        "n_nodes_by_kind": circ.count_kinds(ranked),
+        "circuit_size": size,
+        "circuit_size_source": source,
+        "circuit": nodes(size),
+    }
+    for half in ("", "_heldout"):
+        for metric in ("faithfulness", "completeness"):
+            summary[f"{metric}{half}"] = at(size, f"{metric}{half}")
+            summary[f"{metric}{half}_std"] = at(size, f"{metric}{half}_std")
+            summary[f"random_{metric}{half}"] = band(f"{metric}{half}", size)
+    summary |= {
+        "faithfulness_auc": circ.faithfulness_auc(curves, len(ranked), "faithfulness_heldout"),
+        "faithfulness_auc_selection": circ.faithfulness_auc(curves, len(ranked), "faithfulness"),
+        "faithfulness_threshold": cfg.faithfulness_threshold,
+        "smallest_faithful_size": smallest,
+        "smallest_faithful_circuit": nodes(smallest),
+        "smallest_faithful_fraction": None if smallest is None else smallest / len(ranked),
+        "smallest_faithful_by_kind": None
+        if smallest is None
+        else circ.count_kinds(ranked[:smallest]),
+        "random_faithfulness_at_smallest": band("faithfulness", smallest),
+        "graph_circuit": circ.graph_summary(curves),
+        "component_circuit": circ.component_summary(
+            c.component_curves, c.component_ranked, cfg.faithfulness_threshold
+        ),
+        # By ablation effect; heads whose ablation changes nothing at all are left out.
+        "top_heads": singles[singles["score"] != 0]
+        .head(5)[["layer", "head", "score", "drop_frac"]]
+        .to_dict("records"),
+        "top_k_heads": [hd.head_label(*h) for h in top],
+        "inert_heads": [hd.head_label(*h) for h in inert or []],
+        "n_runs": runs.n_runs,
+        "config": asdict(cfg),
+        "seconds": seconds,
+    }
+    for column in ("faithfulness", "completeness", "faithfulness_heldout", "completeness_heldout"):
+        curve = {int(n): float(v) for n, v in top_rows[column].items()}
+        summary[column.replace("ness", "ness_curve", 1)] = curve
+    return flags.with_flags(summary)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    """A summary number for the headline; `none` where the summary has none (no faithful
+    circuit size: the metrics at it are null)."""
+    return "none" if x is None else format(x, spec)
+
+
+def headline(behaviour: str, s: dict[str, Any]) -> str:
+    """The script's one line about a summary: the component circuit's faithfulness, the
+    circuit's faithfulness and completeness (or that no size is faithful), the top head drops
+    and how many flags summary.json raises."""
+    heads = ", ".join(
+        f"L{h['layer']}H{h['head']} {_fmt(h['drop_frac'], '.0%')}" for h in s["top_heads"][:3]
+    )
+    if s["circuit_size"] is None:
+        circuit = (
+            f"no circuit size reaches faithfulness {s['faithfulness_threshold']} on the "
+            "selection half"
+        )
+    else:
+        circuit = (
+            f"faithfulness {_fmt(s['faithfulness'])} (held out "
+            f"{_fmt(s['faithfulness_heldout'])}), completeness {_fmt(s['completeness'])} at "
+            f"n={s['circuit_size']}; smallest faithful n={s['smallest_faithful_size']}"
+        )
+    comp = s.get("component_circuit") or {}
+    if comp.get("size") is None:
+        components = "no component circuit is faithful"
+    else:
+        components = (
+            f"component circuit n={comp['size']} faithfulness "
+            f"{_fmt(comp['faithfulness'])} (held out {_fmt(comp['faithfulness_heldout'])})"
+        )
+    n_flags = len(s.get("flags") or [])
+    flagged = f"; {n_flags} flags in summary.json" if n_flags else ""
+    return f"{behaviour}: {components}; {circuit}; top head drops {heads or 'none'}{flagged}"
