@@ -7,7 +7,9 @@ holds the whole-DAG tests, all marked `slow`. Helpers live in tests/helpers/.
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,21 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs four
 # workers with --dist loadgroup: the tests that read one run go to one worker, which computes
-# it once.
+# it first (the run's group is handed out first).
 SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
+# Modules that read a shared run from a second group, handed out last: a worker free by then
+# runs them beside the first group's tests instead of after them (the run itself is computed
+# once, by whichever worker asks first; the others wait for it: shared_run).
+LATE_READERS = {
+    "tests/workflow/test_report_dag.py": "default-run-late",
+    "tests/workflow/test_graph_page.py": "default-run-late",
+    "tests/workflow/test_prompt_graph_science.py": "default-run-late",
+    "tests/workflow/test_interventions_science.py": "default-run-late",
+    "tests/workflow/test_transcoder_dag.py": "default-run-late",
+    "tests/workflow/test_faults.py": "small-run-late",
+    "tests/workflow/test_bfloat16.py": "small-run-late",
+}
+LATE_GROUPS = set(LATE_READERS.values())
 
 
 # The longest test outside the shared runs' groups (about 8 minutes on 2 cores): it starts right
@@ -35,13 +50,15 @@ LONGEST = ("tests/workflow/test_slurm.py::test_pipeline_on_local_slurm_and_wallt
 def pytest_collection_modifyitems(config, items):
     """Longest work first: `make test` runs xdist with --no-loadscope-reorder, which hands out
     the tests in this order, so the shared runs and the long tests start at once and the unit
-    tests fill the workers' gaps."""
+    tests fill the workers' gaps; the late readers of the shared runs come last."""
 
     def rank(item) -> int:
         groups = {m.args[0] for m in item.iter_markers("xdist_group")}
         for i, group in enumerate(SHARED_RUNS.values()):
             if group in groups:
                 return i
+        if groups & LATE_GROUPS:
+            return len(SHARED_RUNS) + 3
         if item.nodeid.startswith(LONGEST):
             return len(SHARED_RUNS)
         if groups or item.get_closest_marker("slow"):
@@ -52,21 +69,48 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_itemcollected(item):
-    """One xdist group per test (xdist joins several into a new one): a shared run's, else its
-    module's when it uses a module-scoped fixture. A worker computes such a fixture once for
-    the tests it runs, so a module spread over workers computed it on each: the GPU suite at
-    small sizes (150 s) and the memory probes (180 s) ran twice a session."""
+    """One xdist group per test (xdist joins several into a new one): a shared run's (or its
+    late readers'), else its module's when it uses a module-scoped fixture. A worker computes
+    such a fixture once for the tests it runs, so a module spread over workers computed it on
+    each: the GPU suite at small sizes (150 s) and the memory probes (180 s) ran twice a
+    session."""
     # Marked as each test is collected: xdist reads the groups in its own
     # pytest_collection_modifyitems, which may run before this conftest's.
     names = getattr(item, "fixturenames", ())
+    module = item.nodeid.split("::")[0]
     for fixture, group in SHARED_RUNS.items():
         if fixture in names:
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group(LATE_READERS.get(module, group)))
             return
     defs = getattr(item, "_fixtureinfo", None)
     defs = defs.name2fixturedefs if defs else {}
     if any(d and d[-1].scope == "module" for d in (defs.get(n) for n in names)):
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group(module))
+
+
+def shared_run(name: str, tmp_path_factory, worker_id: str, run: Callable[[Path], None]) -> Path:
+    """`run(workdir)` once per test session, whichever xdist worker asks first; the others
+    wait for it (a lock in the session's temporary root, which every worker shares) and read
+    the same results. A failed run is not retried by the next worker: it fails at once."""
+    if worker_id == "master":  # no xdist: this process is the session
+        workdir = tmp_path_factory.mktemp(name)
+        run(workdir)
+        return workdir / "results"
+    root = tmp_path_factory.getbasetemp().parent
+    workdir, done, failed = root / name, root / f"{name}.done", root / f"{name}.failed"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if failed.exists():
+            pytest.fail(f"the shared {name} failed in another worker:\n{failed.read_text()}")
+        if not done.exists():
+            try:
+                workdir.mkdir()
+                run(workdir)
+            except BaseException as e:
+                failed.write_text(f"{type(e).__name__}: {e}"[-5000:])
+                raise
+            done.touch()
+    return workdir / "results"
 
 
 @pytest.fixture(scope="session")
@@ -77,27 +121,26 @@ def tiny_hf_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_results(tmp_path_factory) -> Path:
+def default_results(tmp_path_factory, worker_id) -> Path:
     """The whole DAG on the embedded default config (config/config.yaml), once per test session.
     Tests of the science (accuracy, circuits, SAE quality) and of the report read its outputs.
     CIRCUITFLOW_DEFAULT_RESULTS=<results dir of a default run> reuses one instead (development)."""
     reuse = os.environ.get("CIRCUITFLOW_DEFAULT_RESULTS")
     if reuse:
         return Path(reuse)
-    workdir = tmp_path_factory.mktemp("default-run")
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config.pop("outdir")  # results go to this test's directory, not the checkout's results/
-    run_snakemake(config, workdir)
-    return workdir / "results"
+    return shared_run("default-run", tmp_path_factory, worker_id,
+                      lambda workdir: run_snakemake(config, workdir))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
-def small_results(tmp_path_factory) -> Path:
+def small_results(tmp_path_factory, worker_id) -> Path:
     """The whole DAG on .test/config/small.yaml (one behaviour, one layer), once per session.
     CIRCUITFLOW_SMALL_RESULTS=<results dir of a small run> reuses one instead (development)."""
     reuse = os.environ.get("CIRCUITFLOW_SMALL_RESULTS")
     if reuse:
         return Path(reuse)
-    workdir = tmp_path_factory.mktemp("small-run")
-    run_snakemake(load_test_config("small"), workdir)
-    return workdir / "results"
+    config = load_test_config("small")
+    return shared_run("small-run", tmp_path_factory, worker_id,
+                      lambda workdir: run_snakemake(config, workdir))  # fmt: skip

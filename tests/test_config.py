@@ -37,8 +37,21 @@ def test_a_run_of_both_kinds_splices_its_saes_and_trains_a_transcoder_per_layer(
     assert sae_sites(alone) == [] and dictionary_sites(alone) == ["mlp_out"]
     assert capture_sites(alone) == ["mlp_in", "mlp_out"]
     assert (n_hooks(alone), n_dictionaries(alone), n_transcoders(alone)) == (0, 2, 2)
-    plain = cf.resolve({})
+    plain = cf.resolve({"sae": {"kind": "sae"}})
     assert dictionary_kind(plain, "mlp_out") == "sae" and n_transcoders(plain) == 0
+
+
+def test_kind_auto_is_both_on_the_embedded_model_only():
+    """sae.kind auto (the default): SAEs and transcoders on the embedded model, SAEs alone on
+    a real model, with published dictionaries, or where a site is mlp_out."""
+    assert cf.resolve({})["sae"]["kind"] == "both"
+    assert cf.resolve({"sites": ["mlp_out"]})["sae"]["kind"] == "sae"
+    gpt2 = yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text())
+    gpt2.get("sae", {}).pop("kind", None)
+    assert cf.resolve(gpt2, REPO)["sae"]["kind"] == "sae"
+    assert cf.resolve({"sae": {"kind": "transcoder"}, "sites": ["mlp_out"]})["sae"]["kind"] == (
+        "transcoder"
+    )
 
 
 def test_every_schema_key_has_description_and_default():
@@ -186,7 +199,7 @@ def notes_of(raw: dict, **kw) -> list[str]:
 def test_prompt_graphs_without_transcoders_say_why_none_is_drawn():
     """attribution.prompt_graphs set with sae.kind sae: no graph, and one line saying why; its
     default (on) is not the user's asking, so a default run says nothing."""
-    assert notes_of({"attribution": {"prompt_graphs": 8}}) == [
+    assert notes_of({"attribution": {"prompt_graphs": 8}, "sae": {"kind": "sae"}}) == [
         "config note: attribution.prompt_graphs: 8 draws no per-prompt graph: the graphs are "
         "drawn on transcoders and sae.kind is sae; set sae.kind both (SAEs and transcoders) or "
         "transcoder"
@@ -196,8 +209,8 @@ def test_prompt_graphs_without_transcoders_say_why_none_is_drawn():
     assert notes_of({"attribution": {"prompt_graphs": 8}, "sae": {"kind": "both"}}) == []
     # Through Snakemake, the files it merged decide who set the key (not the merged config).
     files = [REPO / "config" / "config.yaml"]
-    assert notes_of({"attribution": {"prompt_graphs": 8}}, config_files=files) == []
-    set_it = {"attribution": {"prompt_graphs": 8}}
+    set_it = {"attribution": {"prompt_graphs": 8}, "sae": {"kind": "sae"}}
+    assert notes_of(set_it, config_files=files) == []
     assert len(notes_of(set_it, config_files=files, overrides=set_it)) == 1
     # Published SAEs cannot be transcoders: the way to graphs is another run.
     pretrained = cf.resolve({"sae": {"kind": "sae"}}, REPO)
@@ -226,7 +239,9 @@ def test_transcoders_at_some_layers_warn_that_the_other_mlps_are_whole_errors(ki
 
 def test_dry_run_prints_a_note_once(tmp_path):
     """The notes reach the user through Snakemake's CLI, once (the main process only)."""
-    done = run_snakemake({"attribution": {"prompt_graphs": 8}}, tmp_path, "-n")
+    done = run_snakemake(
+        {"attribution": {"prompt_graphs": 8}, "sae": {"kind": "sae"}}, tmp_path, "-n"
+    )
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "config note:" in ln]
     assert lines == [
         "config note: attribution.prompt_graphs: 8 draws no per-prompt graph: the graphs are "
@@ -336,7 +351,8 @@ def test_stages_typed_sections_of_the_default_config_are_the_defaults():
     assert InterventionsConfig.from_dict(resolved["interventions"]) == InterventionsConfig()
     assert CaptureConfig.from_dict(resolved["capture"]) == CaptureConfig()
     assert BaselineConfig.from_dict(resolved["baseline"]) == BaselineConfig()
-    assert SAETrainConfig.from_config(resolved) == SAETrainConfig()
+    # sae.kind auto is resolved by config.resolve: both kinds on the embedded model.
+    assert SAETrainConfig.from_config(resolved) == SAETrainConfig(kind="both")
     embedded = EmbeddedModelConfig.from_config(resolved)
     # `auto` is resolved to a list by config.resolve, and a list becomes the field's tuple.
     auto = ArchitectureConfig().kept_heads()

@@ -169,7 +169,8 @@ def test_a_job_above_a_node_of_the_profile_is_refused(monkeypatch):
 
 
 def test_the_disk_plan_must_fit_the_free_disk_under_outdir():
-    config = resolved("config/config.yaml", **{"capture.n_tokens": 400_000_000})
+    # SAEs alone: one activation file a layer (the default's transcoders would add two).
+    config = resolved("config/config.yaml", **{"capture.n_tokens": 400_000_000, "sae.kind": "sae"})
     assert fit.disk_problem(config, HERE) == (
         "capture.n_tokens: 400,000,000 plans 101 GiB under outdir results (activations "
         "101 GiB); 77 GiB free there"

@@ -126,13 +126,15 @@ def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
     for path in sorted(bench.rglob("*.tsv")):
         rule = _job_rule(path, bench)
         measured = _job_peak_mb(path, default_results)
-        planned = resources.job_peak_bytes(config, rule, "cpu") / 2**20
+        # train_sae plans each job by its site (an SAE, or at mlp_out a transcoder).
+        job = path.stem.rsplit("_layer_", 1)[0] if rule == "train_sae" else None
+        planned = resources.job_peak_bytes(config, rule, "cpu", job) / 2**20
         checked.add(rule)
         if not 0.75 <= planned / measured <= 1.25:
             off.append(
                 f"{path.relative_to(bench)}: planned {planned:.0f} MB, max_rss {measured:.0f}"
             )
-        requested = resources.mem_mb(config | {"device": "cpu"}, rule)
+        requested = resources.mem_mb(config | {"device": "cpu"}, rule, 1, job)
         assert requested >= measured, (rule, requested, measured)
     assert not off, "\n".join(off)
     assert {"train_model", "baseline", "capture", "train_sae", "attribution", "interventions",

@@ -399,6 +399,9 @@ def resolve(
     validate_schema(config, schema_path)
     if is_embedded(config):
         check_embedded(config)
+    from circuitflow.sae.config import resolve_kind
+
+    config["sae"]["kind"] = resolve_kind(config, is_embedded(config))
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir).absolute(), config_files, overrides, notes)

@@ -32,6 +32,30 @@ def swapped_loss(model, transcoders: dict[int, object], tokens: torch.Tensor) ->
     return swapped(tokens, return_type="loss").item()
 
 
+class ZeroedMLP(torch.nn.Module):
+    """A block's MLP whose output is zero (the real MLP kept at BOS, as in SwappedMLP)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.mlp = block.mlp
+
+    def forward(self, x):
+        out = self.mlp(x)
+        kept = out[:, 0].clone()
+        out = torch.zeros_like(out)
+        out[:, 0] = kept
+        return out
+
+
+@torch.no_grad()
+def zeroed_loss(model, layers, tokens: torch.Tensor) -> float:
+    """The mean next-token loss with each of `layers`' MLP outputs zeroed."""
+    zeroed = copy.deepcopy(model)
+    for layer in layers:
+        zeroed.blocks[layer].mlp = ZeroedMLP(zeroed.blocks[layer])
+    return zeroed(tokens, return_type="loss").item()
+
+
 def random_transcoders(model, d_sae: int = 96, k: int = 6, seed: int = 0) -> dict[int, object]:
     """A TopK transcoder per layer of `model` with random weights (SAELens's classes, as the
     stage loads them): a graph's exactness must not depend on how good they are."""

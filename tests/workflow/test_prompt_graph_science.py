@@ -1,9 +1,10 @@
-"""Per-prompt graphs on the embedded default model against its planted circuits: transcoders
-trained here (the pipeline's trainer) on the default run's model and token set, graphs built by
-the stage's code, and ground truth found without attribution (the prompts' construction, the
-heads' attention patterns)."""
+"""Per-prompt graphs on the embedded default model against its planted circuits: the default
+run's transcoders (sae.kind both), graphs built by the stage's code, and ground truth found
+without attribution (the prompts' construction, the heads' attention patterns)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -11,64 +12,43 @@ import torch
 from helpers.attention import attention_scores
 
 from circuitflow.attribution.prompt_graphs import heads, prune, replacement, validate
-from circuitflow.capture.files import write_activation_file
-from circuitflow.capture.tokens import read_token_set
 from circuitflow.model.load import load_model
-from circuitflow.nodes import hook_name
 from circuitflow.prompts import read_prompts
-from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.files import load_sae
-from circuitflow.sae.stage import train_sae
 
 pytestmark = pytest.mark.slow
 N_GRAPHS = 8
 
 
 @pytest.fixture(scope="module")
-def embedded(default_results, tmp_path_factory):
-    """The default run's model with a TopK transcoder per layer trained on 2^16 of its
-    token set's rows (BOS excluded, as capture writes them)."""
-    root = tmp_path_factory.mktemp("graph-transcoders")
+def embedded(default_results):
+    """The default run's model and its transcoders (the default trains one per layer beside
+    the residual SAEs, sae.kind both), with each behaviour's first N_GRAPHS graphs built by
+    the stage's code (built once: every test reads them)."""
     model = load_model(default_results / "model", "cpu", "float32")
-    toks, meta = read_token_set(default_results / "activations" / "tokens.npy",
-                                default_results / "activations" / "tokens.json")  # fmt: skip
-    contexts = torch.tensor(np.asarray(toks[:2304]), dtype=torch.long)
-    bos = int(meta["bos_token_id"])
-    names = {site: [hook_name(site, layer) for layer in range(2)] for site in ("mlp_in", "mlp_out")}
-    with torch.no_grad():
-        _, cache = model.run_with_cache(contexts, names_filter=sum(names.values(), []))
     transcoders = {}
     for layer in range(2):
-        files = []
-        for site in ("mlp_in", "mlp_out"):
-            acts = cache[hook_name(site, layer)][:, 1:].reshape(-1, model.cfg.d_model)
-            path = root / site / f"layer_{layer}.h5"
-            attrs = {"hook_name": hook_name(site, layer), "layer": layer, "site": site,
-                     "model_hash": "m", "token_set_hash": "t", "bos_excluded": True,
-                     "context_length": contexts.shape[1], "bos_token_id": bos}  # fmt: skip
-            rows = contexts[:, 1:].reshape(-1).numpy()
-            write_activation_file(path, acts.numpy().astype("float16"), rows, attrs, 2048)
-            files.append(path)
-        out = root / "saes" / f"layer_{layer}"
-        cfg = SAETrainConfig(kind="transcoder", total_tokens=150_000, batch_size=512, k=16)
-        cfg.eval_contexts = 64
-        metrics = train_sae(files, out, cfg, model)
-        assert metrics["explained_variance"] > 0.7, metrics
-        transcoders[layer] = load_sae(out)
+        path = default_results / "saes" / "mlp_out" / f"layer_{layer}"
+        metrics = json.loads((path / "metrics.json").read_text())
+        assert metrics["kind"] == "transcoder" and metrics["explained_variance"] > 0.7, metrics
+        transcoders[layer] = load_sae(path)
     for p in model.parameters():
         p.requires_grad_(False)
-    return model, transcoders, default_results
+    built = {}
+    for behaviour in ("induction", "facts"):
+        prompts = read_prompts(default_results / "prompts" / f"{behaviour}.parquet")
+        built[behaviour] = []
+        for row in prompts.head(N_GRAPHS).itertuples():
+            toks = [int(t) for t in row.clean_tokens]
+            graph = replacement.build(model, transcoders, toks, int(row.answer_id),
+                                      int(row.distractor_id), skip_bos=True,
+                                      max_feature_nodes=4096, batch_size=64)  # fmt: skip
+            built[behaviour].append((toks, graph))
+    return model, built, default_results
 
 
 def graphs(embedded, behaviour: str):
-    model, transcoders, results = embedded
-    prompts = read_prompts(results / "prompts" / f"{behaviour}.parquet").head(N_GRAPHS)
-    for row in prompts.itertuples():
-        toks = [int(t) for t in row.clean_tokens]
-        graph = replacement.build(model, transcoders, toks, int(row.answer_id),
-                                  int(row.distractor_id), skip_bos=True,
-                                  max_feature_nodes=4096, batch_size=64)  # fmt: skip
-        yield toks, graph
+    return embedded[1][behaviour]
 
 
 def top_token(graph) -> int:

@@ -103,6 +103,11 @@ def test_report_pages_and_provenance_files(report_html, default_results):
     for rule in ("train_model", "capture", "train_sae", "attribution", "interventions"):
         assert f"\n{rule}," in costs, rule
     assert report_html.stat().st_size > 100_000
+    # The default trains transcoders (sae.kind both): each behaviour's per-prompt graphs page
+    # is in the report under Attribution, with its caption.
+    text = report_html.read_text()
+    assert "per-prompt graphs" in text and "prompt_graphs.html" in text
+    assert "Per-prompt attribution graphs of behaviour" in text
 
 
 def test_report_in_chromium(report_html, tmp_path):

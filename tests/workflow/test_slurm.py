@@ -360,7 +360,7 @@ SLURM_TINY = {
     "capture": {"n_tokens": 8192},
     # Checkpoints only every 250k tokens (the default): the walltime run's resume must come
     # from the checkpoint written on SIGTERM.
-    "sae": {"total_tokens": 60000, "batch_size": 512, "eval_contexts": 8},
+    "sae": {"kind": "sae", "total_tokens": 60000, "batch_size": 512, "eval_contexts": 8},
     "interventions": {"n_seeds": 1, "n_random_circuits": 3},
 }
 

@@ -247,15 +247,18 @@ if workflow.is_main_process and (problem := CLUSTER.account_problem()):
 PLANNED_JOBS = []
 
 
-def job_resources(rule, job=None):
+def job_resources(rule, job=None, memory_by=None):
     """resources: of `rule`: memory and walltime that grow with each retry, and on a Slurm
     profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
     `job`: which of the rule's jobs, where one rule is defined per job (for train_sae_stream,
-    its group's key); else the job's behaviour wildcard, where it has one.
+    its group's key); else the job's behaviour wildcard, where it has one. `memory_by`: the
+    wildcard whose value the memory plan differs by (train_sae: site, an SAE or a transcoder).
     """
     PLANNED_JOBS.append((rule, job))
     res = {
-        "mem_mb": lambda wc, attempt: cf_resources.mem_mb(config, rule, attempt, job),
+        "mem_mb": lambda wc, attempt: cf_resources.mem_mb(
+            config, rule, attempt, job or (wc.get(memory_by) if memory_by else None)
+        ),
         "runtime": lambda wc, attempt: cf_resources.runtime(
             config, rule, attempt, CLUSTER, job or wc.get("behaviour")
         ),

@@ -26,7 +26,7 @@ if SOURCE.rule == "train_sae":
             *job_envmodules(),
         threads: job_threads("train_sae")
         resources:
-            **job_resources("train_sae"),
+            **job_resources("train_sae", memory_by="site"),
         params:
             cfg=sae_job_config_json,
             # Outside the output: Snakemake deletes a directory() output before a retry.

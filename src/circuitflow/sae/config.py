@@ -78,7 +78,9 @@ class SAETrainConfig:
     """The ``sae:`` config block (schema: workflow/schemas, key ``sae``) with the master seed and
     device. The schema checks every value; `check` below the combinations."""
 
-    kind: Literal["sae", "transcoder", "both"] = _D["kind"]  # transcoder: mlp_in -> mlp_out
+    # transcoder: mlp_in -> mlp_out. The schema's `auto` is resolved with the config
+    # (resolve_kind); a section built without a run's config trains an SAE (__post_init__).
+    kind: Literal["auto", "sae", "transcoder", "both"] = _D["kind"]
     source: str = _D["source"]  # a name in circuitflow.dictionary_sources (the schema's enum)
     stream: StreamConfig = field(default_factory=StreamConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
@@ -106,6 +108,10 @@ class SAETrainConfig:
     compile: bool = _D["compile"]
     device: str = _TOP["device"]
     seed: int = _TOP["seed"]
+
+    def __post_init__(self):
+        if self.kind == "auto":  # no model to decide by: an SAE
+            self.kind = "sae"
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> SAETrainConfig:
@@ -168,6 +174,19 @@ def check(config: dict, dims: dict[str, int]) -> None:
             f"sae.batch_size: {batch} exceeds the activation rows captured "
             f"(capture.n_tokens = {capture['n_tokens']})"
         )
+
+
+def resolve_kind(config: dict, embedded: bool) -> str:
+    """sae.kind auto: both on the embedded model, so the laptop run shows the whole chain (SAEs
+    that attribution and interventions splice, transcoders the per-prompt graphs replace the
+    MLPs with); sae on a real model, where transcoders double the training (ask for them), for
+    published dictionaries (SAEs only) and where a site is mlp_out (the transcoders' place)."""
+    sae = config["sae"]
+    if sae["kind"] != "auto":
+        return sae["kind"]
+    makes_both = "both" in dictionary_sources.get(config).kinds
+    both = embedded and makes_both and "mlp_out" not in config["sites"]
+    return "both" if both else "sae"
 
 
 def check_transcoders(config: dict) -> None:

@@ -18,6 +18,7 @@ from circuitflow.memory import (
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work, sae_training_flops_per_token
 from circuitflow.sae.config import HOOKS_READ
+from circuitflow.sites import dictionary_kind
 
 # SAE training: tensors of width d_sae per training row alive at the step's peak (each
 # architecture's `wide_per_row` in circuitflow.sae.architectures), plus d_in-wide ones (input,
@@ -104,11 +105,13 @@ def training_batch(config: dict) -> int:
     return int(sae["batch_size"])
 
 
-def job_bytes(config: dict, rule: str, device: str) -> int:
+def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> int:
     """Host bytes of a train_sae job's work: the training loop at the config's batch size with
     the model resident for the spliced evaluation (estimate_sae_training), or a real model's
-    load where that is more. transcoder_replacement: the model, every transcoder and a batch
-    of the evaluation (a forward pass to the logits, one layer's features)."""
+    load where that is more. `job`: the job's site (at mlp_out with transcoders a transcoder,
+    which reads two files in lockstep); the most any of the run's jobs takes when None.
+    transcoder_replacement: the model, every transcoder and a batch of the evaluation (a
+    forward pass to the logits, one layer's features)."""
     run = describe(config)
     cfg, n_params = run.model.cfg, run.model.n_params
     if rule == "transcoder_replacement":
@@ -121,11 +124,13 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         return max(0 if run.model.embedded else load_bytes(n_params), host)
     sae, capture = config["sae"], config["capture"]
     n_rows = capture["n_tokens"]
+    kind = sae["kind"] if job is None else dictionary_kind(config, job)
+    width = run.widest(None if job is None else [(job, layer) for layer in run.layers])
     est = estimate_sae_training(
-        cfg.d_model, run.widest(), sae["architecture"], device, n_rows,
+        cfg.d_model, width, sae["architecture"], device, n_rows,
         sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
         resident=n_params * dtype_bytes(model_dtype(config, device)),
-        n_files=HOOKS_READ[sae["kind"]],
+        n_files=HOOKS_READ[kind],
     )  # fmt: skip
     work = est.host_peak(training_batch(config))
     return max(0 if run.model.embedded else load_bytes(n_params), work)
