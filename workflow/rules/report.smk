@@ -267,7 +267,8 @@ rule check:
     resources:
         **job_resources("baseline"),
     params:
-        # The sections the disk plan reads (resources.disk_plan) besides device and dtype.
+        # The sections the disk plan reads (resources.disk_plan, through the run's
+        # description) besides device and dtype.
         cfg=config_json(
             "outdir",
             "device",
@@ -275,6 +276,7 @@ rule check:
             "embedded",
             "layers",
             "sites",
+            "behaviours",
             "capture",
             "sae",
         ),
