@@ -19,9 +19,11 @@ Qwen2.5-0.5B):
   the suite's forward rate;
 - baseline, attribution, prompt_graphs and interventions, per behaviour, over prompts of the
   planned length (memory.PLANNED_PROMPT_LENGTH, 32 tokens for a real model: the walltimes' upper
-  bound, where the real IOI and capitals prompts have 16 to 20), attribution with its feature
-  contexts' encoding: the model stages at the suite's forward rate, attribution and the
-  per-prompt graphs at its attribution rate (measured on 16-token prompts).
+  bound, where the real IOI and capitals prompts have 16 to 20): the model stages at the suite's
+  forward rate, attribution and the per-prompt graphs at its attribution rate (measured on
+  16-token prompts);
+- features, one job a group of layers: the pass over features.n_tokens tokens and every
+  member's encoding.
 
 Every dictionary is counted at its own width (circuitflow.description: a published one's
 cfg.json, else the config's).
@@ -45,7 +47,7 @@ from typing import Any
 
 import pandas as pd
 
-from circuitflow import description, measured, perf, resources, sites
+from circuitflow import description, dictionary_sources, measured, perf, resources, sites
 from circuitflow.cluster import Cluster
 from circuitflow.errors import InputError
 from circuitflow.model import architectures
@@ -120,13 +122,11 @@ class PlannedRow:
 
 
 def _source_rows(config: dict, cluster: Cluster) -> list[PlannedRow]:
-    """The dictionary source's rows (`sae.source`): the one place the estimate asks which
-    source the run has."""
-    rows = {"capture": _capture_rows, "stream": _stream_rows, "pretrained": _pretrained_rows}
-    source = config["sae"]["source"]
-    if source not in rows:
-        raise ValueError(f"sae.source {source!r}: the GPU-hours estimate knows no such source")
-    return rows[source](config, cluster)
+    """The dictionary source's rows: those of the rule its record names (dictionary_sources;
+    an unknown `sae.source` is refused there in one line)."""
+    rows = {"train_sae": _capture_rows, "train_sae_stream": _stream_rows,
+            "pretrained_sae": _pretrained_rows}  # fmt: skip
+    return rows[dictionary_sources.get(config).rule](config, cluster)
 
 
 def _capture_rows(config: dict, cluster: Cluster) -> list[PlannedRow]:
@@ -414,8 +414,7 @@ def _notes(config, planned, by_stage, exact, rec) -> list[str]:
         detail = ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
         notes.append(
             f"{config['attribution']['method']}: {sum(passes.values()):.1f} forward-pass "
-            f"equivalents a prompt ({detail}) of {plen} tokens and the feature contexts' "
-            "encoding, at the measured atp rate"
+            f"equivalents a prompt ({detail}) of {plen} tokens, at the measured atp rate"
         )
     elif planned.stage == "prompt_graphs":
         notes.append(f"a replacement graph a prompt of {plen} tokens at the measured atp rate")
