@@ -45,8 +45,9 @@
 
   window.addEventListener("load", () => {
     try {
-      const out = { errors: window.__errors, tokens_json: JSON.parse(
-        document.getElementById("graph-data").textContent).graphs.map((g) => g.tokens) };
+      const graphs = JSON.parse(document.getElementById("graph-data").textContent).graphs;
+      const out = { errors: window.__errors, tokens_json: graphs.map((g) => g.tokens),
+                    slug: graphs[+document.getElementById("prompt").value].slug };
       out.default = drawn();
       out.scores = document.getElementById("scores").textContent;
       const feature = svg.querySelector("g.node.feature");

@@ -5,6 +5,7 @@ interventions' steering results, the graph's own faithfulness and completeness a
 the flags on the interventions' numbers. Each page's sections and figures are in `pages/`
 (`sae`, `baseline`, `behaviour`, `provenance`, `gpu_hours`), built with the HTML kit `html.py`
 from other stages' files read through `inputs.py`; the job costs' tables are in `job_costs.py`.
+report_features's feature browser is `features_page.py`.
 """
 
 from __future__ import annotations
