@@ -44,7 +44,7 @@ CPU_OVERRIDES = {
     "behaviours": {"ioi": {"source": "ioi", "n_prompts": 8},
                    "capitals": {"source": "factual_recall", "n_prompts": 8}},
     "attribution": {"validation_prompts": 4, "validation_features": 8, "validation_heads": 8,
-                    "validation_edges": 4, "max_graph_nodes": 10, "context_max_tokens": 4096},
+                    "validation_edges": 4, "max_graph_nodes": 10},
     "interventions": {"n_seeds": 1, "n_random_circuits": 1, "n_random_sets": 1,
                       "max_set_size": 2, "steering_alphas": [-4, 0, 4],
                       "circuit_sizes": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]},

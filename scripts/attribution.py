@@ -9,13 +9,12 @@ from circuitflow.attribution import stage
 def run() -> None:
     p = cli.parser(__doc__)
     cli.add_inputs(p, "config", "behaviour", "prompts", "model-json", "saes")
-    p.add_argument("--activations", nargs="*", default=[], help="their activation files")
-    p.add_argument("--tokens-npy", help="the token set, where no activation files were written")
-    p.add_argument("--tokens-json", help="the token set's description (tokens.json)")
-    p.add_argument("--features", nargs="*", default=[], help="features/{site}/layer_N: labels")
+    p.add_argument("--activations", nargs="*", default=[], help="their activation files, if any")
+    p.add_argument(
+        "--features", nargs="*", default=[], help="features/{site}/layer_N: labels and contexts"
+    )
     cli.add_outputs(p, "dir")
     a, config = cli.parse(p)
-    token_set = (a.tokens_npy, a.tokens_json) if a.tokens_npy else None
     summary = stage.run(
         config,
         a.behaviour,
@@ -24,7 +23,6 @@ def run() -> None:
         a.saes,
         a.activations,
         a.out_dir,
-        token_set,
         a.features,
     )
     print(stage.headline(summary))

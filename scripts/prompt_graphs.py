@@ -14,10 +14,10 @@ def run() -> None:
     cli.add_inputs(parser, "config", "behaviour", "prompts", "model-json")
     parser.add_argument("--transcoders", required=True, nargs="+", help="saes/mlp_out/layer_N")
     parser.add_argument(
-        "--tokens", nargs=2, help="activations/tokens.npy and tokens.json: the features' contexts"
-    )
-    parser.add_argument(
-        "--features", nargs="*", default=[], help="features/mlp_out/layer_N: each feature's label"
+        "--features",
+        nargs="*",
+        default=[],
+        help="features/mlp_out/layer_N: each feature's label and top contexts",
     )
     parser.add_argument(
         "--features-html", help="report/features.html: the page links each feature's card there"
@@ -28,8 +28,7 @@ def run() -> None:
     from circuitflow.attribution.prompt_graphs import stage  # SAELens: not for --help
 
     s = stage.run(config, args.behaviour, args.prompts, args.model_json, args.transcoders,
-                  args.out_dir, args.tokens, args.page, args.features,
-                  args.features_html)  # fmt: skip
+                  args.out_dir, args.page, args.features, args.features_html)  # fmt: skip
     print(
         f"prompt_graphs {args.behaviour}: {len(s['graphs'])} graphs, replacement score "
         f"{s['replacement_score_mean']}, completeness {s['completeness_score_mean']}, "

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from circuitflow import dictionary_sources
 from circuitflow.errors import ConfigError
 from circuitflow.model.architectures import auto_active_heads, hf_field, read_hf_config
 from circuitflow.schema import (
@@ -344,11 +345,12 @@ def prompt_graph_notes(config: dict, n_layers: int, user_set: bool) -> list[str]
     if not trains_transcoders(config):
         if not user_set:
             return []
+        source = dictionary_sources.get(config)
         fix = (
-            "sae.source pretrained loads SAEs only: train transcoders in a run of sae.source "
-            "capture or stream with sae.kind both"
-            if config["sae"]["source"] == "pretrained"
-            else "set sae.kind both (SAEs and transcoders) or transcoder"
+            "set sae.kind both (SAEs and transcoders) or transcoder"
+            if "transcoder" in source.kinds
+            else f"sae.source {source.name} loads SAEs only: train transcoders in a run of "
+            f"sae.source {' or '.join(dictionary_sources.making('both'))} with sae.kind both"
         )
         return [
             f"config note: attribution.prompt_graphs: {n_graphs} draws no per-prompt graph: "

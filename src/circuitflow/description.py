@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from circuitflow import published
+from circuitflow import dictionary_sources, published
 from circuitflow.cluster import Cluster
 from circuitflow.errors import ConfigError, InputError
 from circuitflow.memory import prompt_length
@@ -153,10 +153,12 @@ def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictio
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
     how = "sae.d_sae" if sae["d_sae"] else f"sae.expansion_factor x d_model {d_model}"
     found, known = [], True
+    # Published dictionaries (sae.source pretrained: made by sae.pretrained) have their own width.
+    published_source = dictionary_sources.get(config).changes_dictionaries("sae.pretrained")
     for site in dictionary_sites(config):
         for layer in config["layers"]:
             width, where = trained, how
-            if sae["source"] == "pretrained":
+            if published_source:
                 read = published_width(config, site, int(layer))
                 if read is None:
                     known = False

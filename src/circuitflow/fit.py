@@ -8,9 +8,9 @@ offered, instead of a job failing hours in with numpy's or Slurm's words.
 
 `problem` (the Snakefile's last lines, in the workflow's main process, dry runs included)
 refuses, the first found in this order:
-- the token set (capture_tokens' int32 [contexts, context length] array, from `sae.total_tokens`
-  for `sae.source: stream`, else `capture.n_tokens`) larger than the memory of the node or
-  machine that builds it;
+- the token set (capture_tokens' int32 [contexts, context length] array, from the key its
+  dictionary source names: `sae.total_tokens` for `sae.source: stream`, else `capture.n_tokens`)
+  larger than the memory of the node or machine that builds it;
 - a job's planned host memory (resources.mem_mb on a Slurm profile, what sbatch asks for;
   its planned peak, resources.job_peak_bytes, on this machine) above a node's or this
   machine's memory;
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from circuitflow import resources
+from circuitflow import dictionary_sources, resources
 from circuitflow.capture.plan import context_length, token_set_contexts
 from circuitflow.cluster import Cluster
 from circuitflow.model import architectures
@@ -195,10 +195,6 @@ def token_set_bytes(config: dict) -> int:
     return TOKEN_BYTES * token_set_contexts(config, cfg) * context_length(config, cfg)
 
 
-def token_set_key(config: dict) -> str:
-    return "sae.total_tokens" if config["sae"]["source"] == "stream" else "capture.n_tokens"
-
-
 def job_label(rule: str, job: str | None) -> str:
     return f"{rule} ({job})" if job else rule
 
@@ -245,7 +241,7 @@ def problem(
         need = token_set_bytes(config)
         have, offer = node_memory(config, "capture_tokens", cluster, machine)
         if need > have:
-            key = token_set_key(config)
+            key = dictionary_sources.get(config).token_set_key
             return (
                 f"{key}: {key_value(config, key)} tokens a layer need a {size(need)} token set in "
                 f"capture_tokens; {offer}"

@@ -15,18 +15,20 @@ the cluster they assume (circuitflow.cluster.Cluster).
 - both grow linearly with Snakemake's `attempt` (1, 2, ...): a job killed for memory or
   walltime gets more on its retry, never above the cluster's `max_runtime`.
 
-A new rule is one line in RULES (with a plan module if it does counted work);
+A new rule is one line in RULES (with a plan module if it does counted work); a dictionary
+source's rules come from its record (circuitflow.dictionary_sources, `source_rules`).
 tests/test_resources.py checks that every rule the workflow declares is here. Override a rule
 with `--set-resources RULE:runtime=...` if needed.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from circuitflow import baseline, measured, perf
+from circuitflow import baseline, dictionary_sources, measured, perf
 from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
@@ -37,7 +39,6 @@ from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
 from circuitflow.model import plan as model_plan
 from circuitflow.sae import plan as sae_plan
-from circuitflow.sae import pretrained_plan, stream_plan
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,19 @@ class Rule:
     imports_embedded: str | None = None  # what it imports for the embedded model, if less
 
 
+def source_rules() -> dict[str, Rule]:
+    """The rows of every dictionary source's rules, from its record: the rule that makes its
+    dictionaries on a GPU (resumable where it trains them), its prefetch on the login node, both
+    with the source's plan. A rule two sources share keeps the first's row."""
+    rows: dict[str, Rule] = {}
+    for source in dictionary_sources.SOURCES.values():
+        plan = importlib.import_module(source.plan)
+        if source.prefetch_rule:
+            rows.setdefault(source.prefetch_rule, Rule("cpu", "model", plan))
+        rows.setdefault(source.rule, Rule("gpu", "model", plan, resumable=source.trains))
+    return rows
+
+
 RULES = {
     "train_model": Rule("cpu", "model", model_plan),
     "prefetch_model": Rule("cpu", "model", model_plan),  # a localrule: the login node
@@ -79,12 +93,10 @@ RULES = {
     "capture": Rule("gpu", "model", capture_plan, resumable=True),
     "capture_shard": Rule("gpu", "model", capture_plan, resumable=True),
     "merge_capture": Rule("cpu", "base"),
-    "train_sae": Rule("gpu", "model", sae_plan, resumable=True),
+    # train_sae, train_sae_stream (one rule per group: stream_groups), prefetch_saes (a
+    # localrule: the login node), pretrained_sae: each dictionary source's rules.
+    **source_rules(),
     "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
-    # sae.source stream: one rule per group of sites and layers (stream_groups.stream_groups)
-    "train_sae_stream": Rule("gpu", "model", stream_plan, resumable=True),
-    "prefetch_saes": Rule("cpu", "model", pretrained_plan),  # a localrule: the login node
-    "pretrained_sae": Rule("gpu", "model", pretrained_plan),
     # one rule per group of layers (features.layers_per_job): features_{group.name}
     "features": Rule("gpu", "model", features_plan, resumable=True),
     "attribution": Rule("gpu", "model", attribution_plan),
@@ -108,12 +120,10 @@ MB = 2**20
 
 
 def rule_of(name: str) -> Rule:
-    try:
-        return RULES[name]
-    except KeyError:
-        raise KeyError(
-            f"rule {name!r} is not in circuitflow.resources.RULES: add it there"
-        ) from None
+    """`name`'s row: in RULES, or of a dictionary source registered since (source_rules)."""
+    if entry := RULES.get(name) or source_rules().get(name):
+        return entry
+    raise KeyError(f"rule {name!r} is not in circuitflow.resources.RULES: add it there")
 
 
 def embedded(config: dict) -> bool:

@@ -1,4 +1,5 @@
-"""Which sites and layers share an SAE job, fixed when the DAG is built: the streaming jobs
+"""Which sites and layers share a dictionary job, fixed when the DAG is built, for a grouped
+dictionary source (circuitflow.dictionary_sources: `grouped`): the streaming jobs
 (`sae.source: stream`), which train a group's SAEs from the same forward passes, and the
 published dictionaries' jobs (`sae.source: pretrained`), which evaluate a group's dictionaries
 one after another with the model loaded once. Both are grouped by `sae.stream.layers_per_job`
@@ -10,28 +11,33 @@ floor is below the table's."""
 
 from __future__ import annotations
 
-from circuitflow import resources
+from circuitflow import dictionary_sources, resources
 from circuitflow.cluster import Cluster
 from circuitflow.errors import ConfigError
 from circuitflow.perf import GPU_MEMORY_BYTES
-from circuitflow.sae import pretrained_plan
-from circuitflow.sae.stream_plan import RULE, StreamGroup, group_bytes, split, stream_hooks
+from circuitflow.sae.stream_plan import StreamGroup, split
 
 FRACTION = 0.8  # of a GPU's memory a job is planned into (as sae.batch_size auto plans)
-PRETRAINED_RULE = "pretrained_sae"
 
 
 def group_rule(config: dict) -> str:
-    """The rule table's row of the config's grouped SAE jobs: pretrained_sae for published
-    dictionaries, else train_sae_stream."""
-    return PRETRAINED_RULE if config["sae"]["source"] == "pretrained" else RULE
+    """The rule table's row of the config's grouped dictionary jobs (its source's `rule`:
+    train_sae_stream, pretrained_sae)."""
+    return dictionary_sources.get(config).rule
+
+
+def group_plan(config: dict):
+    """The plan module of the config's grouped dictionary jobs (the rule table's)."""
+    source = dictionary_sources.get(config)
+    if not source.grouped:
+        raise ValueError(f"sae.source {source.name}: its jobs are one per dictionary, not grouped")
+    return resources.rule_of(source.rule).plan
 
 
 def group_members(config: dict) -> list[tuple[str, int]]:
-    """The (site, layer) of every dictionary the grouped jobs write, by layer."""
-    if config["sae"]["source"] == "pretrained":
-        return pretrained_plan.members(config)
-    return stream_hooks(config)
+    """The (site, layer) of every dictionary the grouped jobs write, by layer (the plan's
+    `members`)."""
+    return group_plan(config).members(config)
 
 
 def layers_per_job(config: dict, cluster=None, on_gpu: bool | None = None) -> int:
@@ -46,7 +52,8 @@ def layers_per_job(config: dict, cluster=None, on_gpu: bool | None = None) -> in
     members = group_members(config)
     if spec != "auto":
         return min(int(spec), len(members))
-    rule = group_rule(config)
+    source, plan = dictionary_sources.get(config), group_plan(config)
+    rule = source.rule
     cluster = cluster or Cluster()
     if on_gpu is None:
         on_gpu = jobs_get_a_gpu(config, cluster)
@@ -55,14 +62,14 @@ def layers_per_job(config: dict, cluster=None, on_gpu: bool | None = None) -> in
     budget = FRACTION * GPU_MEMORY_BYTES[cluster.gpu_type]
     for n in range(len(members), 0, -1):
         groups = split(members, n)
-        if rule == RULE and max(group_bytes(config, g, "cuda") for g in groups) > budget:
+        if source.holds_group and max(plan.group_bytes(config, g, "cuda") for g in groups) > budget:
             continue
         if cluster.max_runtime and n > 1:
             seconds = [resources.work_seconds(config, rule, cluster, g.key) for g in groups]
             if cluster.startup_minutes + max(seconds) / 60 > cluster.max_runtime:
                 continue
         return n
-    need = group_bytes(config, split(members, 1)[0], "cuda") / 2**30
+    need = plan.group_bytes(config, split(members, 1)[0], "cuda") / 2**30
     raise ConfigError(
         f"sae.stream.layers_per_job: one SAE's streaming job needs about {need:.1f} GiB, more "
         f"than {FRACTION:.0%} of the profile's {cluster.gpu_type} ({budget / 2**30:.0f} GiB); "
@@ -84,6 +91,6 @@ def jobs_get_a_gpu(config: dict, cluster: Cluster) -> bool:
 
 
 def stream_groups(config: dict, cluster=None, on_gpu: bool | None = None) -> list[StreamGroup]:
-    """The grouped SAE jobs of a `sae.source: stream` or `pretrained` config, fixed when the DAG
-    is built."""
+    """The grouped dictionary jobs of a config whose source groups them (`sae.source: stream`
+    or `pretrained`), fixed when the DAG is built."""
     return split(group_members(config), layers_per_job(config, cluster, on_gpu))

@@ -14,12 +14,11 @@ import pandas as pd
 import pytest
 from helpers.chromium import chromium
 from helpers.graph_page import check_page
-from helpers.spliced import tiny_spliced, write_activations
+from helpers.spliced import tiny_spliced, write_feature_dirs
 from helpers.summaries import INDUCTION_SUMMARY
 
 from circuitflow.attribution import stage
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.contexts import FileRows
 from circuitflow.attribution.page import browser_href, graph_html, page_data, rounded
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.flags import flags, flags_of
@@ -30,19 +29,18 @@ from circuitflow.report import stage as report_stage
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The attribution stage on the tiny model (its real activation files, no tokenizer: token
-    ids as text), the interventions stage (steering of its top features, the graph's nodes as a
-    circuit), the report's page."""
+    """The attribution stage on the tiny model (its SAEs' features-stage folders, no tokenizer:
+    token ids as text), the interventions stage (steering of its top features, the graph's
+    nodes as a circuit), the report's page."""
     model, saes, prompts = tiny_spliced(8)
     root = tmp_path_factory.mktemp("graph_page")
-    acts = write_activations(model, root / "activations")
+    feature_dirs = write_feature_dirs(model, saes, root)
     cfg = AttributionConfig(
         method="atp", validation_features=4, max_graph_nodes=12, edges="all", context_features=2,
-        n_contexts=4, context_window=3, validation_edges=8,
+        n_contexts=4, validation_edges=8,
     )  # fmt: skip
     attr_dir, iv_dir = root / "attribution" / "b", root / "interventions" / "b"
-    rows = {hook: FileRows(path) for hook, path in acts.items()}
-    stage.attribute(model, prompts, saes, rows, None, cfg, "b", attr_dir)
+    stage.attribute(model, prompts, saes, None, cfg, "b", attr_dir, feature_dirs=feature_dirs)
     iv_cfg = InterventionsConfig(n_features=3, n_random_features=1, steering_alphas=(0.0, 2.0),
                                  n_seeds=1, n_random_circuits=1, n_random_sets=1)  # fmt: skip
     summary = intervene(model, prompts, attr_dir, saes, None, iv_cfg, "b", iv_dir)
@@ -180,9 +178,15 @@ def test_stage_page_in_chromium(run, tmp_path):
     if (feature, "logit") in edge_pairs(found["initial"]["edges"]):
         assert [feature, "logit"] in click["edges_on"]
     assert found["cleared"]
-    # Without the features stage's labels or a browser: the index alone, no link.
-    assert found["features"] and all(f["href"] is None for f in found["features"])
-    assert card["label"].startswith("label: none") and card["link"] is None
+    # Each feature's label from graph.json (the features stage's); no link: the stage's page
+    # is written before the feature browser.
+    labels = {n["id"]: n["label"] for n in run.graph["nodes"] if n["kind"] == "feature"}
+    assert all(labels.values()) and found["features"]
+    for f in found["features"]:
+        full = f"#{Node.parse(f['id']).index} {labels[f['id']]}"
+        assert f["href"] is None
+        assert f["text"] == full or (f["text"].endswith("…") and full.startswith(f["text"][:-1]))
+    assert card["label"] == f"label: {labels[feature]}" and card["link"] is None
 
 
 def test_features_show_their_labels_and_link_the_browser(run, tmp_path):

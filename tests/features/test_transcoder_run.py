@@ -81,9 +81,8 @@ def test_prompt_graphs_take_labels_and_contexts_from_the_stage(run):
                  ).to_parquet(tmp / "prompts.parquet")  # fmt: skip
     graphs = tmp / "prompt_graphs"
     summary = stage.run(config, "b", tmp / "prompts.parquet", model_dir / "model.json", [tc_dir],
-                        graphs, (tmp / "tokens.npy", tmp / "tokens.json"),
-                        feature_dirs=[out], features_html=tmp / "report" / "features.html",
-                        )  # fmt: skip
+                        graphs, feature_dirs=[out],
+                        features_html=tmp / "report" / "features.html")  # fmt: skip
     assert "contexts" not in summary["forward_equivalents_by_part"]  # no pass of its own
     labels = write.read_labels([out])[("mlp_out", 0)]
     nodes = json.loads((graphs / "b-0.json").read_text())["nodes"]

@@ -3,8 +3,6 @@ prompt pairs: the fixture of the attribution and interventions unit tests."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import torch
@@ -63,23 +61,34 @@ def tiny_spliced(n_prompts: int, frozen: bool = False):
     return model, saes, prompts
 
 
-def write_activations(model, out_dir, n_contexts: int = 48, seed: int = 1) -> dict:
-    """{hook: activation file} of every resid_post on random contexts (BOS token 0 first, then
-    excluded), in the capture stage's format: what the attribution stage reads for contexts."""
-    from circuitflow.capture.files import write_activation_file
+def write_feature_dirs(model, saes: dict, out_dir, n_contexts: int = 48, seed: int = 1) -> list:
+    """The features stage's folder (features/{site}/layer_{layer}) of every SAE in `saes`, from
+    random contexts (BOS token 0 first, left out): what the attribution stage reads each
+    feature's label and top contexts from."""
+    from circuitflow.features import logits, write
+    from circuitflow.features.collect import Collector
+    from circuitflow.nodes import site_layer
 
     tokens = torch.from_numpy(np.random.default_rng(seed).integers(1, VOCAB, (n_contexts, SEQ)))
     tokens[:, 0] = 0
-    hooks = [hook_name("resid_post", layer) for layer in range(N_LAYERS)]
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=hooks)
-    files = {}
-    for layer, hook in enumerate(hooks):
-        path = Path(out_dir) / f"layer_{layer}.h5"
-        acts = cache[hook][:, 1:].reshape(-1, D_MODEL).numpy().astype(np.float32)
-        attrs = {"hook_name": hook, "layer": layer, "site": "resid_post", "model_hash": "m0",
-                 "token_set_hash": "t0", "context_length": SEQ, "bos_excluded": True,
-                 "bos_token_id": 0}  # fmt: skip
-        write_activation_file(path, acts, tokens[:, 1:].reshape(-1).numpy(), attrs)
-        files[hook] = path
-    return files
+        _, cache = model.run_with_cache(tokens, names_filter=list(saes))
+    folders = []
+    for hook, sae in saes.items():
+        site, layer = site_layer(hook)
+        with torch.no_grad():
+            acts = sae.encode(cache[hook]).float()
+
+        def read(ids, acts=acts):
+            ids = torch.as_tensor(np.asarray(ids))
+            return tokens[ids], acts[ids]
+
+        col = Collector(sae.cfg.d_sae, k=8, samples=2, first_position=1)
+        col.update(tokens, acts)
+        feats, ctx, summary = write.build(
+            col.result(), logits.top_logits(sae, model, k=5), read,
+            [str(i) for i in range(VOCAB)], first_position=1,
+            meta={"site": site, "layer": layer, "hook": hook},
+        )  # fmt: skip
+        folders.append(write.write(write.feature_dir(out_dir, site, layer), feats, ctx, summary))
+    return folders

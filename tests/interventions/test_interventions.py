@@ -23,7 +23,6 @@ from helpers.spliced import (
     SEQ,
     VOCAB,
     tiny_spliced,
-    write_activations,
 )
 from helpers.summaries import INDUCTION_SUMMARY
 
@@ -544,7 +543,6 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     heads, of the heads whose pairs and triplets are ablated and of the report's head tables
     (which name it), so the sets are not the live sets again with a dead head added."""
     from circuitflow.attribution import stage as attr_stage
-    from circuitflow.attribution.contexts import FileRows
     from circuitflow.report.pages.behaviour import behaviour_sections
 
     torch.set_num_threads(1)
@@ -552,11 +550,9 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     with torch.no_grad():
         model.blocks[0].attn.W_O[1] = 0.0
     adir, out = tmp_path / "attribution", tmp_path / "interventions"
-    acts = write_activations(model, tmp_path / "activations")
     acfg = AttributionConfig(method="atp", validation_features=2, context_features=1,
                              n_contexts=2, max_graph_nodes=6)  # fmt: skip
-    rows = {hook: FileRows(path) for hook, path in acts.items()}
-    attr_summary = attr_stage.attribute(model, prompts, saes, rows, None, acfg, "b", adir)
+    attr_summary = attr_stage.attribute(model, prompts, saes, None, acfg, "b", adir)
     heads = pd.read_parquet(adir / "heads.parquet").set_index(["layer", "head"])
     assert heads.loc[(0, 1), "score"] == 0 and (heads["score"] != 0).sum() == 3
     assert attr_summary["inert_heads"] == ["L0H1"]

@@ -28,7 +28,8 @@ def summary(root, rel, per, unit="prompt"):
 
 def test_costs_per_stage_from_their_summaries(tmp_path):
     for rel in ("baseline/ioi.tsv", "capture.tsv", "train_sae/resid_post_layer_0.tsv",
-                "attribution/ioi.tsv", "interventions/ioi.tsv", "prompts/ioi.tsv"):  # fmt: skip
+                "attribution/ioi.tsv", "interventions/ioi.tsv", "prompts/ioi.tsv",
+                "features/layers_0_to_1.tsv"):  # fmt: skip
         bench(tmp_path, rel, 3.0)
     summary(tmp_path, "baseline/ioi.json", 2.0)
     summary(tmp_path, "saes/resid_post/layer_0/metrics.json", 3.0, "evaluation context")
@@ -39,11 +40,21 @@ def test_costs_per_stage_from_their_summaries(tmp_path):
         f["acts"] = np.zeros((2, 2))
         f.attrs["forward_equivalents_per_prompt"] = 0.5
         f.attrs["forward_equivalents_unit"] = "context"
+    # A features job of two dictionaries: the sum of their shares; another job's is not counted.
+    for (site, layer), per, job in (
+        (("resid_post", 0), 1.25, ["resid_post:0", "resid_post:1"]),
+        (("resid_post", 1), 0.5, ["resid_post:0", "resid_post:1"]),
+        (("resid_post", 2), 7.0, ["resid_post:2"]),
+    ):
+        path = tmp_path / "features" / site / f"layer_{layer}" / "summary.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"job_members": job, "forward_equivalents_per_prompt": per,
+                                    "forward_equivalents_unit": "context"}))  # fmt: skip
     config = {"sites": ["resid_post"], "device": "cpu"}
     frame = jc.job_costs(tmp_path, config, ["ioi"], gpu_seen=False).set_index("rule")
     want = {"baseline": (2.0, "prompt"), "capture": (0.5, "context"),
             "train_sae": (3.0, "evaluation context"), "attribution": (40.0, "prompt"),
-            "interventions": (90.0, "prompt")}  # fmt: skip
+            "interventions": (90.0, "prompt"), "features": (1.75, "context")}  # fmt: skip
     for rule, (per, unit) in want.items():
         assert frame.loc[rule, "forward_equivalents_per_prompt"] == pytest.approx(per), rule
         assert frame.loc[rule, "forward_equivalents_unit"] == unit, rule

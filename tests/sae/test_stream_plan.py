@@ -105,7 +105,7 @@ def test_layers_per_job_splits_consecutive_layers_evenly():
     assert groups[0].members[:2] == (("resid_post", 0), ("mlp_out", 0))
     assert groups[0].name == "resid_post_layer_0_to_resid_post_layer_2"
     assert [g.depth for g in groups] == [3, 5, 8, 10, 12]
-    assert sum((g.members for g in groups), ()) == tuple(stream_plan.stream_hooks(sites))
+    assert sum((g.members for g in groups), ()) == tuple(stream_plan.members(sites))
 
 
 def test_auto_fits_the_gpu_and_the_walltime_cap():
@@ -121,7 +121,7 @@ def test_auto_fits_the_gpu_and_the_walltime_cap():
     on_t4 = stream_groups.stream_groups(QWEN, t4)
     assert len(on_t4) > 1
     n = max(len(g.members) for g in on_t4)
-    larger = StreamGroup(tuple(stream_plan.stream_hooks(QWEN)[: n + 1]))
+    larger = StreamGroup(tuple(stream_plan.members(QWEN)[: n + 1]))
     assert stream_plan.group_bytes(QWEN, larger, "cuda") > 0.8 * 15360 * 2**20
     # CSD3's 36-hour cap: 24 Qwen SAEs of 300M tokens are too much work for one job there.
     capped = Cluster(gpu_type="A100", max_runtime=2160, gpu_partition="gpu")

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from helpers.attention import attention_scores
 from helpers.schemas import check_graph_schema
 
@@ -199,40 +198,3 @@ def test_headlines_say_what_they_mean(outputs, behaviour):
               if (la, h) not in live]  # fmt: skip
     assert summary["inert_heads"] == [f"L{la}H{h}" for la, h in pruned]
     assert {(h["layer"], h["head"]) for h in summary["top_heads"]} == set(live)
-
-
-def test_contexts_from_the_token_set_are_the_activation_files(outputs):
-    """Without activation files (sae.source stream or pretrained) the features' top contexts
-    come from the model run over the token set: the rows the capture stage wrote, in the same
-    order (stored there as float16: equal once rounded so), and so the same top contexts."""
-    from sae_lens import SAE
-
-    from circuitflow.attribution import contexts
-
-    class AsStored:  # the computed rows rounded to the file's float16
-        def __init__(self, rows):
-            self.rows, self.n_rows, self.per_context = rows, rows.n_rows, rows.per_context
-            self.tokens = rows.tokens
-
-        def acts(self, start, stop):
-            return self.rows.acts(start, stop).half().float()
-
-    from circuitflow.capture.tokens import read_token_set
-
-    results, model = outputs
-    acts = results / "activations"
-    tokens, _ = read_token_set(acts / "tokens.npy", acts / "tokens.json")
-    for layer in (0, 1):
-        files = contexts.FileRows(acts / "resid_post" / f"layer_{layer}.h5")
-        hook = f"blocks.{layer}.hook_resid_post"
-        computed = AsStored(contexts.TokenSetRows(model, hook, tokens, bos_excluded=True))
-        assert (computed.n_rows, computed.per_context) == (files.n_rows, files.per_context)
-        for start, stop in ((0, 4000), (files.n_rows - 100, files.n_rows)):
-            assert np.array_equal(computed.tokens(start, stop), files.tokens(start, stop))
-            assert torch.equal(computed.acts(start, stop), files.acts(start, stop)), layer
-        sae = SAE.load_from_disk(str(results / "saes" / "resid_post" / f"layer_{layer}"))
-        found = [
-            contexts.contexts(rows, sae, "resid_post", layer, list(range(8)), None)
-            for rows in (files, computed)
-        ]
-        assert len(found[0]) > 0 and found[0].equals(found[1]), layer

@@ -1,6 +1,7 @@
 """The whole DAG with `sae.source: stream` on .test/config/tiny.yaml's settings: the SAEs of both
 layers train in one job from one stream of the model's forward passes, no activation file is
-written, and attribution (feature contexts from the token set) and interventions run on them."""
+written, and attribution (feature contexts from the features stage) and interventions run on
+them."""
 
 from __future__ import annotations
 

@@ -9,11 +9,10 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=spliced_sae_outputs(),
-        # Paired with the SAEs by the hook name each file records (sae.source: capture);
-        # else the features' top contexts come from the model run over the token set.
+        # Paired with the SAEs by the hook name each file records (sae.source: capture): they
+        # say whether the SAEs' rows leave BOS out.
         acts=capture_outputs(SAE_SITES),
-        tokens=TOKEN_SET if SAE_SOURCE != "capture" else [],
-        features=features_outputs(SAE_SITES),  # each feature node's label
+        features=features_outputs(SAE_SITES),  # each feature's label and top contexts
     output:
         heads=f"{ATTR}/{{behaviour}}/heads.parquet",
         features=f"{ATTR}/{{behaviour}}/features.parquet",
@@ -51,20 +50,15 @@ rule attribution:
         # out (capture.exclude_bos); with them each file says so.
         cfg=(
             config_json("device", "model", "attribution")
-            if SAE_SOURCE == "capture"
+            if SOURCE.reads_activation_files
             else config_json("device", "model", "attribution", "capture")
         ),
         out_dir=lambda wc: f"{ATTR}/{wc.behaviour}",
-        tokens=(
-            ""
-            if SAE_SOURCE == "capture"
-            else f"--tokens-npy {TOKEN_SET[0]} --tokens-json {TOKEN_SET[1]}"
-        ),
     shell:
         stage("attribution")
         + " --config {params.cfg} --behaviour {wildcards.behaviour}"
         " --prompts {input.prompts} --model-json {input.model} --saes {input.saes}"
-        " --activations {input.acts} {params.tokens} --features {input.features}"
+        " --activations {input.acts} --features {input.features}"
         " --out-dir {params.out_dir} 2> {log}"
 
 
@@ -76,8 +70,8 @@ rule prompt_graphs:
         model=f"{OUT}/model/model.json",
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         transcoders=transcoder_outputs(),
-        tokens=TOKEN_SET,  # the features' top-activating contexts
-        features=features_outputs(["mlp_out"]),  # each feature's label (clerp)
+        # Each feature's label (clerp) and top-activating contexts.
+        features=features_outputs(["mlp_out"]),
     output:
         graphs=directory(f"{ATTR}/{{behaviour}}/prompt_graphs"),
         page=report(
@@ -104,6 +98,6 @@ rule prompt_graphs:
     shell:
         stage("prompt_graphs")
         + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
-        " --model-json {input.model} --transcoders {input.transcoders} --tokens {input.tokens}"
+        " --model-json {input.model} --transcoders {input.transcoders}"
         " --features {input.features} {params.features_html} --out-dir {output.graphs}"
         " --page {output.page} 2> {log}"

@@ -65,8 +65,9 @@ rule capture_tokens:
         " --out-npy {output.npy} --out-json {output.json} 2> {log}"
 
 
-# Only sae.source capture reads activation files: stream and pretrained capture nothing.
-if SAE_SOURCE == "capture" and SHARDS == 1:
+# Only a dictionary source that reads activation files (sae.source capture) has them written:
+# stream and pretrained capture nothing.
+if SOURCE.reads_activation_files and SHARDS == 1:
 
     rule capture:
         input:
@@ -94,7 +95,7 @@ if SAE_SOURCE == "capture" and SHARDS == 1:
         shell:
             CAPTURE_CMD
 
-elif SAE_SOURCE == "capture":
+elif SOURCE.reads_activation_files:
 
     rule capture_shard:
         input:

@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from circuitflow import cluster as cf_cluster
 from circuitflow import config as cf_config
+from circuitflow import dictionary_sources as cf_sources
 from circuitflow import fit as cf_fit
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
@@ -90,10 +91,11 @@ def json_param(cfg):
 
 
 def tokens_config_json():
-    """What capture_tokens reads: the seed, model and capture sections; for sae.source stream
-    also the streamed budget (sae.total_tokens training rows, sae.eval_contexts held out).
+    """What capture_tokens reads: the seed, model and capture sections; where the dictionary
+    source trains on the token set (sae.source stream) also its budget (sae.total_tokens
+    training rows, sae.eval_contexts held out).
     """
-    if SAE_SOURCE != "stream":
+    if not SOURCE.trains_on_token_set:
         return config_json("seed", "model", "capture")
     cfg = cf_config.section(config, "seed", "model", "capture")
     cfg["sae"] = {
@@ -154,15 +156,17 @@ def provenance_outputs():
     ]
 
 
-# Where the dictionaries come from (sae.source): the capture stage's files, the SAE jobs' own
-# forward passes (stream), or published ones (pretrained). Only capture writes activation files.
-SAE_SOURCE = config["sae"]["source"]
+# Where the dictionaries come from (sae.source): its record (circuitflow.dictionary_sources)
+# says which rules make them and what they read: the capture stage's files (capture), the
+# dictionary jobs' own forward passes over the token set (stream), or published ones
+# (pretrained). The rule files ask it, never the source's name.
+SOURCE = cf_sources.get(config)
 TOKEN_SET = [f"{OUT}/activations/tokens.npy", f"{OUT}/activations/tokens.json"]
 
 
 def capture_outputs(sites=None):
     """The activation files capture writes (at `sites`: those of the given sites only)."""
-    if SAE_SOURCE != "capture":
+    if not SOURCE.reads_activation_files:
         return []
     return expand(
         f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",

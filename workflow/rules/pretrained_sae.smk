@@ -1,11 +1,12 @@
-# Published dictionaries (sae.source: pretrained): fetched once on the login node, then each
-# site and layer's dictionary evaluated on the run's tokens and written in SAELens's format, one
-# job per group of sites and layers (grouped as the streaming jobs are).
+# Published dictionaries (sae.source: pretrained, or any source whose rule is pretrained_sae):
+# fetched once on the login node, then each site and layer's dictionary evaluated on the run's
+# tokens and written in SAELens's format, one job per group of sites and layers (grouped as the
+# streaming jobs are).
 # Code: src/circuitflow/sae/pretrained.py (sources, checks), pretrained_stage.py (the stages),
 # src/circuitflow/stream_groups.py (the groups).
 from circuitflow import stream_groups as cf_stream_groups
 
-if SAE_SOURCE == "pretrained":
+if SOURCE.rule == "pretrained_sae":
     PRETRAINED = config["sae"]["pretrained"]
     PRETRAINED_PREFETCH = f"{OUT}/pretrained/prefetch.json"
     # What the jobs read (editing sae.lr and the like reruns nothing): the device, the model,
@@ -15,7 +16,7 @@ if SAE_SOURCE == "pretrained":
         "device": config["device"],
         "model": config["model"],
         "sae": {
-            "source": SAE_SOURCE,
+            "source": SOURCE.name,
             "pretrained": PRETRAINED,
             "eval_contexts": config["sae"]["eval_contexts"],
         },
@@ -105,7 +106,7 @@ if SAE_SOURCE == "pretrained":
                 cfg=json_param(PRETRAINED_CONFIG),
                 members=" ".join(f"{site}:{layer}" for site, layer in group.members),
             shell:
-                stage("pretrained_sae")
+                stage(SOURCE.script)
                 + " --config {params.cfg} --members {params.members}"
                 " --model-json {input.model} --tokens-npy {input.npy}"
                 " --tokens-json {input.json} --out {output} > {log} 2>&1"

@@ -1,9 +1,11 @@
-# SAE training (sae.source capture or stream). Exit 75 = checkpointed on SIGTERM: the retry
-# (attempt 2, 3, ...) resumes from {OUT}/checkpoints and gets more walltime.
+# SAE training: the rules of the dictionary sources that train (sae.source capture: train_sae;
+# stream: train_sae_stream), defined where the run's source makes its dictionaries with them.
+# Exit 75 = checkpointed on SIGTERM: the retry (attempt 2, 3, ...) resumes from
+# {OUT}/checkpoints and gets more walltime.
 # Code: src/circuitflow/sae/ (stage.py for capture, stream_stage.py for stream).
 from circuitflow import stream_groups as cf_stream_groups
 
-if SAE_SOURCE == "capture":
+if SOURCE.rule == "train_sae":
 
     # One SAE per (site, layer) from its activation file (a transcoder: the layer's MLP input
     # and output files), one job each (on Slurm too: no job arrays, docs/design.md).
@@ -30,7 +32,7 @@ if SAE_SOURCE == "capture":
             # Outside the output: Snakemake deletes a directory() output before a retry.
             ckpt=lambda wc: f"{OUT}/checkpoints/saes/{wc.site}/layer_{wc.layer}",
         shell:
-            stage("train_sae")
+            stage(SOURCE.script)
             + " --config {params.cfg} --activations {input.acts} --model-json {input.model}"
             " --out {output} --checkpoint-dir {params.ckpt} > {log} 2>&1"
 
@@ -43,9 +45,9 @@ if TRANSCODERS:
         input:
             saes=transcoder_outputs(),
             held_out=(
-                TOKEN_SET
-                if SAE_SOURCE == "stream"
-                else [f"{OUT}/activations/mlp_in/layer_{LAYERS[0]}.h5"]
+                [f"{OUT}/activations/mlp_in/layer_{LAYERS[0]}.h5"]
+                if SOURCE.reads_activation_files
+                else TOKEN_SET
             ),
             model=f"{OUT}/model/model.json",
         output:
@@ -63,14 +65,14 @@ if TRANSCODERS:
             **job_resources("transcoder_replacement"),
         params:
             cfg=config_json("seed", "device", "model", "capture", "sae"),
-            held_out="--tokens" if SAE_SOURCE == "stream" else "--activations",
+            held_out="--activations" if SOURCE.reads_activation_files else "--tokens",
         shell:
             stage("transcoder_replacement")
             + " --config {params.cfg} --transcoders {input.saes} {params.held_out}"
             " {input.held_out} --model-json {input.model} --out {output} > {log} 2>&1"
 
 
-if SAE_SOURCE == "stream":
+if SOURCE.rule == "train_sae_stream":
     # The SAE jobs run the model themselves over the token set, one job per group of sites
     # and layers (sae.stream.layers_per_job; auto: planned for the profile's GPU type), each
     # SAE still written to its own saes/{site}/layer_{layer}/. One rule per group, all with
@@ -112,7 +114,7 @@ if SAE_SOURCE == "stream":
                 # Outside the outputs: Snakemake deletes directory() outputs before a retry.
                 ckpt=f"{OUT}/checkpoints/saes/stream/{group.name}",
             shell:
-                stage("train_sae_stream")
+                stage(SOURCE.script)
                 + " --config {params.cfg} --model-json {input.model} --tokens-npy {input.npy}"
                 " --tokens-json {input.json} --members {params.members} --out {output}"
                 " --checkpoint-dir {params.ckpt} > {log} 2>&1"

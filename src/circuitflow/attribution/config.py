@@ -30,9 +30,7 @@ class AttributionConfig:
     bridge_features: int = _D["bridge_features"]  # per SAE the kept paths cross, none kept
     edges: str = _D["edges"]  # adjacent (same and previous layer) | all (every earlier node)
     context_features: int = _D["context_features"]  # top features per SAE given contexts
-    n_contexts: int = _D["n_contexts"]
-    context_window: int = _D["context_window"]
-    context_max_tokens: int = _D["context_max_tokens"]
+    n_contexts: int = _D["n_contexts"]  # top contexts a feature, from the features stage
     top_features_plot: int = _D["top_features_plot"]
     # Per-prompt replacement graphs on transcoders (sae.kind transcoder; prompt_graphs/).
     prompt_graphs: int = _D["prompt_graphs"]  # the first N prompts of each behaviour

@@ -48,10 +48,6 @@ def passes(
     return parts
 
 
-# The feature contexts encode the activation file this many rows at a time.
-CONTEXT_CHUNK_ROWS = 16384
-
-
 # Attribution: a forward with gradients on through every layer with the SAEs spliced, then the
 # backward. Per token and layer, TransformerLens saves for the backward the LayerNorm (RMSNorm)
 # chains of its four norm calls, q/k/v/z and the residual adds' operands (ATTRIBUTION_RESID, in
@@ -124,8 +120,7 @@ def estimate_attribution(
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of an attribution job's work at `attribution.batch_size`, the kept gradients
-    of the largest behaviour's validation prompts included; on CPU at least the feature
-    contexts' chunk (three d_sae-wide fp32 tensors a row); a real model's load where that is
+    of the largest behaviour's validation prompts included; a real model's load where that is
     more. Every spliced SAE is planned at the widest one's width (the run's description)."""
     run = describe(config)
     n_params = run.model.n_params
@@ -137,8 +132,6 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         model_dtype(config, device), device, attr["method"], kept,
     )  # fmt: skip
     work = est.host_peak(int(attr["batch_size"]))
-    if not device.startswith("cuda"):
-        work = max(work, est.weights + CONTEXT_CHUNK_ROWS * d_sae * 4 * 3)
     return max(0 if run.model.embedded else load_bytes(n_params), work)
 
 
@@ -155,8 +148,8 @@ def prompt_work(run: Run, acfg, n_prompts: int, prompt_length: int | None = None
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     """The behaviour's prompts times the passes `passes` counts (the method, exact patching,
-    edges and their validation) of a forward with every SAE spliced (prompt_work), and the
-    feature contexts' encoding."""
+    edges and their validation) of a forward with every SAE spliced (prompt_work). The feature
+    contexts cost nothing here: the features stage found them."""
     from circuitflow.attribution.config import AttributionConfig
 
     run = describe(config)
@@ -164,10 +157,4 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     n = run.n_prompts(behaviour, acfg.max_prompts)
     parts, per_pass = prompt_work(run, acfg, n)
     dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
-    return Work({dtype: n * sum(parts.values()) * per_pass + contexts_flops(run, acfg)})
-
-
-def contexts_flops(run: Run, acfg) -> int:
-    """The feature contexts' encoding: `attribution.context_max_tokens` rows through every
-    spliced SAE's encoder."""
-    return acfg.context_max_tokens * len(run.spliced) * 2 * run.model.d_model * run.spliced_width
+    return Work({dtype: n * sum(parts.values()) * per_pass})

@@ -3,7 +3,8 @@ feature contexts.
 
 Steps: `plan` (the batch size the memory plan allows), `score` (every node by the fast method,
 the exact reference on a subset, validation), `build_graph` (top nodes and edges), `contexts`
-(top activating contexts of the top features), `write` (tables, figures, graph.json last).
+(the top features' top activating contexts, read from the features stage), `write` (tables,
+figures, graph.json last).
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ from circuitflow.attribution import plots, scores
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.page import graph_html
 from circuitflow.io import save_figure, write_json, write_parquet, write_text
-from circuitflow.nodes import site_layer
 
 log = logging.getLogger(__name__)
-CONTEXT_COLUMNS = ["site", "layer", "feature", "rank", "activation", "text"]
 
 
 def plan(
@@ -110,40 +109,23 @@ def build_graph(
 
 def contexts(
     features: pd.DataFrame,
-    saes: dict[str, Any],
-    rows: dict[str, Any],
+    feature_dirs: list[Path | str],
     tokenizer: Any,
     cfg: AttributionConfig,
     graph_nodes: list[dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
     """Top activating contexts of each SAE's top `context_features` features and of every
-    feature among `graph_nodes` (graph.json's), whose hover cards in graph.html show them;
-    `rows`: per hook, the rows its SAE reads (contexts.FileRows or contexts.TokenSetRows)."""
-    frames = []
-    for hook, sae in saes.items():
-        site, layer = site_layer(hook)
-        sub = features[(features["layer"] == layer) & (features["site"] == site)]
-        top = sub[sub["kind"] == "feature"].head(cfg.context_features)["feature"].astype(int)
-        in_graph = {
-            n["index"]
-            for n in graph_nodes or []
-            if n["kind"] == "feature" and (n["site"], n["layer"]) == (site, layer)
-        }
-        frames.append(
-            feature_contexts.contexts(
-                rows[hook],
-                sae,
-                site,
-                layer,
-                top.tolist() + sorted(in_graph - set(top)),
-                tokenizer,
-                cfg.n_contexts,
-                cfg.context_window,
-                cfg.context_max_tokens,
-            )
-        )
-    found = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return pd.DataFrame(columns=CONTEXT_COLUMNS) if found.empty else found
+    feature among `graph_nodes` (graph.json's), whose hover cards in graph.html show them, read
+    from the features stage's folders (`feature_dirs`; contexts.top_contexts): no pass here."""
+    ranked = features[features["kind"] == "feature"]  # by |score|, best first
+    wanted: dict[tuple[str, int], set[int]] = {}
+    for (site, layer), sub in ranked.groupby(["site", "layer"], sort=False):
+        top = sub.head(cfg.context_features)["feature"].astype(int)
+        wanted[(site, int(layer))] = set(top.tolist())
+    for n in graph_nodes or []:
+        if n["kind"] == "feature":
+            wanted.setdefault((n["site"], int(n["layer"])), set()).add(int(n["index"]))
+    return feature_contexts.top_contexts(feature_dirs, wanted, cfg.n_contexts, tokenizer)
 
 
 def write(
@@ -175,18 +157,20 @@ def attribute(
     model,
     prompts: pd.DataFrame,
     saes: dict[str, Any],
-    rows: dict[str, Any],
     tokenizer: Any,
     cfg: AttributionConfig,
     behaviour: str,
     out_dir: Path | str,
     bypass_bos: bool = False,
-    labels: dict | None = None,
+    feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
     """Write heads.parquet, features.parquet, components.parquet, feature_contexts.parquet,
-    graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`.
-    `rows`: per SAE hook, the rows its features' top contexts are found in (contexts.py).
+    graph.json, summary.json, heads.png, features.png and graph.html into `out_dir`. Each
+    feature's label and top contexts come from the features stage's folders of the SAEs
+    (`feature_dirs`; none without them), its contexts' text decoded with `tokenizer`.
     `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there."""
+    from circuitflow.features.write import read_labels
+
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
     cfg, batch = plan(model, prompts, saes, cfg, behaviour)
@@ -211,7 +195,7 @@ def attribute(
         "memory_plan": batch.describe(),
         "seconds": dict(ns.seconds),
     }
-    graph = build_graph(prompts, scored, cfg, meta, labels)
+    graph = build_graph(prompts, scored, cfg, meta, read_labels(feature_dirs))
     meta["seconds"]["total"] = time.perf_counter() - t0
     meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
     cost = ns.spliced.counter.summary(ns.n_prompts)
@@ -219,7 +203,7 @@ def attribute(
     graph |= {"seconds": meta["seconds"], "seconds_per_prompt": meta["seconds_per_prompt"]}
     graph |= cost
     tables["feature_contexts"] = contexts(
-        tables["features"], saes, rows, tokenizer, cfg, graph["nodes"]
+        tables["features"], feature_dirs, tokenizer, cfg, graph["nodes"]
     )
     heads = tables["heads"]
     inert = heads["score"] == 0  # a pruned head (W_O = 0), or one nothing moves: no finding
@@ -269,56 +253,41 @@ def run(
     sae_dirs: list[Path | str],
     activation_files: list[Path | str],
     out_dir: Path | str,
-    token_set: tuple[Path | str, Path | str] | None = None,
     feature_dirs: list[Path | str] = (),
 ) -> dict[str, Any]:
     """The stage: load the model, prompts and SAEs named by the rule, then `attribute`. Each
-    feature node of graph.json carries its label from `feature_dirs` (the features stage's
-    folders of the SAEs). The features' top contexts come from the SAEs' activation files
-    (`sae.source: capture`) or, where none were written, from the model run over the token set
-    (`token_set`: tokens.npy and tokens.json), BOS left out as `capture.exclude_bos` says."""
+    feature's label and top contexts come from `feature_dirs` (the features stage's folders of
+    the SAEs). The SAEs' activation files (`sae.source: capture`) say whether their rows leave
+    BOS out; without them (stream, pretrained) `capture.exclude_bos` does."""
     from circuitflow.attribution.splice import load_saes
     from circuitflow.capture.files import read_activation_info
-    from circuitflow.capture.tokens import read_token_set
     from circuitflow.devices import precise_math
     from circuitflow.errors import ConfigError
-    from circuitflow.features.write import read_labels
     from circuitflow.model.load import load_for_analysis, load_tokenizer
     from circuitflow.prompts import read_prompts
     from circuitflow.sae.files import check_sae_dir
 
     if activation_files and len(sae_dirs) != len(activation_files):
         raise ConfigError("--saes and --activations must name the same number of paths")
-    if sae_dirs and not activation_files and token_set is None:
-        raise ConfigError("--activations or --tokens-npy/--tokens-json: the rows SAEs read")
     cfg = AttributionConfig.from_dict(config["attribution"])
     prompts = read_prompts(prompts_path)
     # Pair SAEs with activation files by the hook each names, not by argument order alone.
     infos = [read_activation_info(a) for a in activation_files]
-    files = {info.hook_name: info.path for info in infos}
-    tokens = read_token_set(*token_set)[0] if token_set is not None else None
     # The SAEs were trained on these rows: bypassed at BOS when the rows leave BOS out.
     if infos:
         bypass_bos = any(info.bos_excluded for info in infos)
     else:
-        bypass_bos = tokens is not None and bool(config["capture"]["exclude_bos"])
+        bypass_bos = bool(sae_dirs) and bool(config["capture"]["exclude_bos"])
     for d in sae_dirs:  # before the model: a damaged SAE is refused in a second
         check_sae_dir(d)
     model_dir = Path(model_json).parent
     model = load_for_analysis(model_dir, config["device"])
     saes = load_saes(sae_dirs, next(model.parameters()).device)
-    if infos:
-        missing = sorted(set(saes) - set(files))
-        if missing:
-            raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
-        rows = {hook: feature_contexts.FileRows(path) for hook, path in files.items()}
-    else:
-        rows = {
-            hook: feature_contexts.TokenSetRows(model, hook, tokens, bypass_bos) for hook in saes
-        }
+    missing = sorted(set(saes) - {info.hook_name for info in infos}) if infos else []
+    if missing:
+        raise ConfigError(f"--activations: no activation file for the SAE at {missing[0]}")
     with precise_math():
         tokenizer = load_tokenizer(model_dir)
-        labels = read_labels(feature_dirs)
         return attribute(
-            model, prompts, saes, rows, tokenizer, cfg, behaviour, out_dir, bypass_bos, labels
+            model, prompts, saes, tokenizer, cfg, behaviour, out_dir, bypass_bos, feature_dirs
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from circuitflow import description
+from circuitflow import description, dictionary_sources
 from circuitflow.memory import (
     MiB,
     capture_hooks,
@@ -39,10 +39,11 @@ def contexts(config: dict, model_cfg) -> tuple[int, int, int]:
 
 
 def token_set_contexts(config: dict, model_cfg) -> int:
-    """Contexts of the token set capture_tokens builds: the capture's, or for `sae.source:
-    stream` `sae.total_tokens` training rows and `sae.eval_contexts` held-out contexts."""
+    """Contexts of the token set capture_tokens builds: the capture's, or where the dictionary
+    source trains on the token set (`sae.source: stream`) `sae.total_tokens` training rows and
+    `sae.eval_contexts` held-out contexts."""
     sae = config["sae"]
-    if sae["source"] != "stream":
+    if not dictionary_sources.get(config).trains_on_token_set:
         return contexts(config, model_cfg)[2]
     t = context_length(config, model_cfg)
     per_context = t - 1 if config["capture"]["exclude_bos"] else t
@@ -56,7 +57,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     capture = config["capture"]
     n_rows = capture["n_tokens"]
     if rule == "capture_tokens":
-        if config["sae"]["source"] == "stream":
+        if dictionary_sources.get(config).trains_on_token_set:
             cfg = architectures.model_cfg(config)
             n_rows = token_set_contexts(config, cfg) * context_length(config, cfg)
         return 2 * 8 * n_rows
@@ -99,11 +100,11 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | No
 
 def disk_bytes(config: dict) -> int:
     """Bytes of the activation files (rows x (d_in in the capture dtype + an int32 token), every
-    hook; none unless `sae.source` is capture) and the token set (int32 rows, and its hash's
-    copy)."""
+    hook; none unless the dictionary source reads them: `sae.source: capture`) and the token set
+    (int32 rows, and its hash's copy)."""
     cfg = architectures.model_cfg(config)
     rows = config["capture"]["n_tokens"]
     row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
-    if config["sae"]["source"] != "capture":
+    if not dictionary_sources.get(config).reads_activation_files:
         return 4 * 2 * token_set_contexts(config, cfg) * context_length(config, cfg)
     return capture_hooks(config) * rows * row + 4 * 2 * rows

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from circuitflow import dictionary_sources
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.errors import InputError
 from circuitflow.io import atomic_path, write_json
@@ -203,9 +204,10 @@ def build_token_set(
     capture: CaptureConfig, seed: int, model_dir: Path | str, stream: dict | None = None
 ) -> tuple[np.ndarray, dict]:
     """The packed contexts for `capture` (the config section) and their description. With
-    `stream` (the `sae` section of a `sae.source: stream` config) the set holds
-    `sae.total_tokens` rows for training, distinct tokens, and `sae.eval_contexts` contexts more
-    at its end, held out for the SAEs' evaluation (`held_out_contexts` in the description)."""
+    `stream` (the `sae` section of a config whose source trains on the token set, `sae.source:
+    stream`) the set holds `sae.total_tokens` rows for training, distinct tokens, and
+    `sae.eval_contexts` contexts more at its end, held out for the SAEs' evaluation
+    (`held_out_contexts` in the description)."""
     from circuitflow.model.load import load_tokenizer, read_model_json
 
     info = read_model_json(model_dir)
@@ -286,8 +288,10 @@ def run(config: dict, model_json: Path | str, out_npy: Path | str, out_json: Pat
     if config["model"]["hf_cache"]:
         os.environ["HF_HOME"] = str(Path(config["model"]["hf_cache"]).expanduser())
     capture = CaptureConfig.from_dict(config["capture"])
+    # The sae section is given where the token set holds the source's training rows.
     sae = config.get("sae") or {}
-    stream = sae if sae.get("source") == "stream" else None
+    trains = "source" in sae and dictionary_sources.named(sae["source"]).trains_on_token_set
+    stream = sae if trains else None
     tokens, meta = build_token_set(capture, config["seed"], Path(model_json).parent, stream)
     write_token_set(tokens, meta, out_npy, out_json)
     return meta

@@ -71,6 +71,8 @@ def stage_cost(root: Path, rule: str, job: str, site: str | None, layer: int | N
                 return {k: f.attrs[k].item() if k != keys[1] else str(f.attrs[k])
                         for k in keys if k in f.attrs}  # fmt: skip
         return {}
+    if rule == "features":
+        return _features_cost(root, job)
     if rule not in COST_FILES:
         return {}
     path = root / COST_FILES[rule].format(job=job, site=site, layer=layer)
@@ -78,6 +80,23 @@ def stage_cost(root: Path, rule: str, job: str, site: str | None, layer: int | N
         return {}
     summary = json.loads(path.read_text())
     return {k: summary[k] for k in keys if k in summary}
+
+
+def _features_cost(root: Path, job: str) -> dict:
+    """A features job's cost: the sum of its dictionaries' shares (each summary.json holds its
+    own, and names the job's members)."""
+    from circuitflow.features.plan import FeatureGroup
+
+    shares, unit = [], None
+    for path in sorted(root.glob("features/*/layer_*/summary.json")):
+        summary = json.loads(path.read_text())
+        members = summary.get("job_members")
+        if members and FeatureGroup.parse(",".join(members)).name == job:
+            shares.append(summary["forward_equivalents_per_prompt"])
+            unit = summary.get("forward_equivalents_unit")
+    if not shares:
+        return {}
+    return {"forward_equivalents_per_prompt": sum(shares), "forward_equivalents_unit": unit}
 
 
 def job_costs(

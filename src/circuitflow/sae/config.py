@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from circuitflow import dictionary_sources
 from circuitflow.description import trained_width
 from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
@@ -80,7 +81,7 @@ class SAETrainConfig:
     # transcoder: mlp_in -> mlp_out. The schema's `auto` is resolved with the config
     # (resolve_kind); a section built without a run's config trains an SAE (__post_init__).
     kind: Literal["auto", "sae", "transcoder", "both"] = _D["kind"]
-    source: Literal["capture", "stream", "pretrained"] = _D["source"]
+    source: str = _D["source"]  # a name in circuitflow.dictionary_sources (the schema's enum)
     stream: StreamConfig = field(default_factory=StreamConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     architecture: str = _D["architecture"]  # a key of sae.architectures.ARCHITECTURES
@@ -167,7 +168,8 @@ def check(config: dict, dims: dict[str, int]) -> None:
             f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
             "not one training step"
         )
-    if batch != "auto" and sae["source"] == "capture" and batch > capture["n_tokens"]:
+    reads_files = dictionary_sources.get(config).reads_activation_files
+    if batch != "auto" and reads_files and batch > capture["n_tokens"]:
         raise ConfigError(
             f"sae.batch_size: {batch} exceeds the activation rows captured "
             f"(capture.n_tokens = {capture['n_tokens']})"
@@ -182,17 +184,25 @@ def resolve_kind(config: dict, embedded: bool) -> str:
     sae = config["sae"]
     if sae["kind"] != "auto":
         return sae["kind"]
-    both = embedded and sae["source"] != "pretrained" and "mlp_out" not in config["sites"]
+    makes_both = "both" in dictionary_sources.get(config).kinds
+    both = embedded and makes_both and "mlp_out" not in config["sites"]
     return "both" if both else "sae"
 
 
 def check_transcoders(config: dict) -> None:
-    """sae.kind transcoder: one transcoder per layer, from mlp_in to mlp_out; both: SAEs at
-    `sites` and the transcoders beside them, saved at mlp_out, which no SAE may take."""
+    """sae.kind: one its source makes (pretrained: SAEs only); transcoder: one transcoder per
+    layer, from mlp_in to mlp_out; both: SAEs at `sites` and the transcoders beside them, saved
+    at mlp_out, which no SAE may take."""
     sae = config["sae"]
+    kind, source = sae["kind"], dictionary_sources.get(config)
+    if kind not in source.kinds:
+        raise ConfigError(
+            f"sae.source: {source.name!r} with sae.kind {kind}; {source.name} makes sae.kind "
+            f"{' or '.join(source.kinds)} only: use sae.source "
+            + " or ".join(dictionary_sources.making(kind))
+        )
     if not trains_transcoders(config):
         return
-    kind = sae["kind"]
     if kind == "transcoder" and config["sites"] != ["mlp_out"]:
         raise ConfigError(
             f"sites: {config['sites']} with sae.kind transcoder; a transcoder predicts a layer's "
@@ -202,11 +212,6 @@ def check_transcoders(config: dict) -> None:
         raise ConfigError(
             f"sites: {config['sites']} with sae.kind both; the transcoders are saved at "
             "saes/mlp_out/: leave mlp_out out of sites (the SAEs' sites)"
-        )
-    if sae["source"] == "pretrained":
-        raise ConfigError(
-            f"sae.source: 'pretrained' with sae.kind {kind}; transcoders are trained here, "
-            "from captured or streamed activations: use sae.source capture or stream"
         )
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuitflow import dictionary_sources
 from circuitflow.errors import ConfigError, InputError
 from circuitflow.nodes import SITES, hook_name, site_layer
 
@@ -331,10 +332,11 @@ def check_config(config: dict, d_model: int | None, origin: Callable[[], Path]) 
     sae = config["sae"]
     p = sae["pretrained"]
     given = [k for k in ("release", "sae_id", "path") if p.get(k) is not None]
-    if sae["source"] != "pretrained":
+    if not dictionary_sources.get(config).changes_dictionaries("sae.pretrained"):
         if given:
             raise ConfigError(
-                f"sae.pretrained.{given[0]}: only used with sae.source pretrained, "
+                f"sae.pretrained.{given[0]}: only used with sae.source "
+                f"{' or '.join(dictionary_sources.reading('sae.pretrained'))}, "
                 f"not {sae['source']!r}"
             )
         return
@@ -346,7 +348,7 @@ def check_config(config: dict, d_model: int | None, origin: Callable[[], Path]) 
     if p["path"] is None:
         if p["release"] is None and p["sae_id"] is None:
             raise ConfigError(
-                "sae.pretrained: sae.source pretrained needs release and sae_id (a SAELens "
+                f"sae.pretrained: sae.source {sae['source']} needs release and sae_id (a SAELens "
                 "pretrained release, e.g. gpt2-small-res-jb and blocks.{layer}.hook_resid_pre) "
                 "or path (a directory template in SAELens's format)"
             )

@@ -33,8 +33,6 @@ from circuitflow.sae.plan import (
 )
 from circuitflow.sites import dictionary_sites
 
-RULE = "train_sae_stream"
-
 
 # --- which hooks share a job ----------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -91,9 +89,10 @@ class StreamGroup:
         return cls(tuple(members))
 
 
-def stream_hooks(config: dict) -> list[tuple[str, int]]:
+def members(config: dict) -> list[tuple[str, int]]:
     """Every dictionary's (site, layer), by layer and then in the config's order of sites (a
-    transcoder's, mlp_out, last: sites.dictionary_sites)."""
+    transcoder's, mlp_out, last: sites.dictionary_sites), as circuitflow.stream_groups splits
+    them into jobs."""
     return [(site, layer) for layer in config["layers"] for site in dictionary_sites(config)]
 
 
@@ -260,7 +259,7 @@ def planned_batch_contexts(config: dict) -> int:
 
 def group_of(config: dict, job: str | None) -> StreamGroup:
     """The job's group (its key, as the rule passes it); every hook in one group when None."""
-    return StreamGroup.parse(job) if job else StreamGroup(tuple(stream_hooks(config)))
+    return StreamGroup.parse(job) if job else StreamGroup(tuple(members(config)))
 
 
 # --- the rule table's plan ------------------------------------------------------------------------

@@ -5,7 +5,6 @@ top-activating contexts beside them, and the page that draws them (see docs/outp
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -13,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 from tqdm import tqdm
 
+from circuitflow.attribution import contexts
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.page import browser_href
 from circuitflow.attribution.prompt_graphs import (
@@ -31,7 +30,7 @@ from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
 from circuitflow.features.write import read_labels
 from circuitflow.io import write_json, write_parquet, write_text
-from circuitflow.nodes import hook_name, site_layer
+from circuitflow.nodes import site_layer
 from circuitflow.perf import PassCounter
 from circuitflow.prompts import read_prompts
 
@@ -39,73 +38,6 @@ log = logging.getLogger(__name__)
 SUMMARY = "summary.json"
 INDEX = "graph-metadata.json"
 CONTEXTS = "feature_contexts.parquet"
-
-
-def kept_feature_contexts(
-    model, transcoders, token_set, kept: dict[int, set[int]], cfg, bos_excluded: bool,
-    tokenizer, counter: PassCounter,
-) -> pd.DataFrame:  # fmt: skip
-    """The top-activating contexts of every feature some pruned graph kept ({layer: features}),
-    over the token set's first `attribution.context_max_tokens` rows of each layer's MLP
-    input (the rows the transcoder was trained on); the model's passes to each layer are
-    counted in `counter`."""
-    from circuitflow.attribution import contexts
-    from circuitflow.capture.tokens import read_token_set
-
-    toks, _ = read_token_set(*token_set)
-    frames = []
-    for layer, feats in sorted(kept.items()):
-        rows = contexts.TokenSetRows(model, hook_name("mlp_in", layer), toks, bos_excluded)
-        used = -(-min(rows.n_rows, cfg.context_max_tokens) // rows.per_context)
-        batches = -(-used // rows.batch_contexts) * rows.batch_contexts
-        counter.forward(min(batches, len(toks)), (layer + 1) / model.cfg.n_layers)
-        frames.append(
-            contexts.contexts(
-                rows,
-                transcoders[layer],
-                "mlp_out",
-                layer,
-                sorted(feats),
-                tokenizer,
-                cfg.n_contexts,
-                cfg.context_window,
-                cfg.context_max_tokens,
-            )  # fmt: skip
-        )
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def stage_feature_contexts(
-    feature_dirs: list[Path | str], kept: dict[int, set[int]], n_contexts: int
-) -> pd.DataFrame:
-    """The top-activating contexts of every feature some pruned graph kept ({layer: features}),
-    read from the features stage's folders of the transcoders (its top `n_contexts` of each,
-    from the same pass that labels them): no model run here. Columns as
-    attribution/contexts.py writes them, so the page reads either."""
-    frames = []
-    for folder in map(Path, feature_dirs):
-        summary = json.loads((folder / "summary.json").read_text())
-        layer, skip = int(summary["layer"]), int(summary["first_position"])
-        per_context = int(summary["context_length"]) - skip
-        ctx = pd.read_parquet(folder / "contexts.parquet")
-        top = ctx[(ctx["kind"] == "top") & ctx["feature"].isin(kept.get(layer, ()))]
-        top = top[top["rank"] < n_contexts].sort_values(["feature", "rank"])
-        rows = []
-        for r in top.itertuples():
-            q = int(r.qualifying_index)
-            words = list(r.token_str)
-            rows.append({
-                "site": summary["site"], "layer": layer, "feature": int(r.feature),
-                "rank": int(r.rank) + 1, "activation": float(r.activation),
-                "row": int(r.context) * per_context + int(r.position) - skip,
-                "context": int(r.context), "position": int(r.position),
-                "tokens": [int(t) for t in r.tokens], "max_token": words[q],
-                "text": "".join(words[:q]) + " [[" + words[q] + "]] " + "".join(words[q + 1 :]),
-            })  # fmt: skip
-        frames.append(pd.DataFrame(rows))
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_transcoders(dirs: list[Path | str], device) -> dict[int, Any]:
@@ -166,16 +98,15 @@ def run(
     model_json: Path | str,
     transcoder_dirs: list[Path | str],
     out_dir: Path | str,
-    token_set: tuple[Path | str, Path | str] | None = None,
     page_path: Path | str | None = None,
     feature_dirs: list[Path | str] = (),
     features_html: Path | str | None = None,
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
-    summary.json, feature_contexts.parquet (from the features stage's `feature_dirs`, which also
-    label the features; else from `token_set` = (tokens.npy, tokens.json); none without either);
-    then `page_path` (default: `out_dir` with .html), the page, whose feature nodes link their
-    cards in the feature browser `features_html` (none without); return the summary."""
+    summary.json, feature_contexts.parquet (the kept features' top contexts from the features
+    stage's `feature_dirs`, which also label the features; empty without them); then
+    `page_path` (default: `out_dir` with .html), the page, whose feature nodes link their cards
+    in the feature browser `features_html` (none without); return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
@@ -267,15 +198,10 @@ def run(
                 scores["completeness_score"], summary["linearity_max_abs_error"],
             )  # fmt: skip
         write_json(tmp / INDEX, files.index(written))
-        found = None
-        if feature_dirs:  # the features stage's contexts: no pass over the token set here
-            found = stage_feature_contexts(feature_dirs, kept, cfg.n_contexts)
-            write_parquet(tmp / CONTEXTS, found)
-        elif token_set is not None:
-            with counter.part("contexts"):
-                found = kept_feature_contexts(model, transcoders, token_set, kept, cfg,
-                                              skip_bos, tokenizer, counter)  # fmt: skip
-            write_parquet(tmp / CONTEXTS, found)
+        # The features stage's contexts: no pass over the token set here.
+        wanted = {("mlp_out", layer): feats for layer, feats in kept.items()}
+        found = contexts.top_contexts(feature_dirs, wanted, cfg.n_contexts, tokenizer)
+        write_parquet(tmp / CONTEXTS, found)
         title = f"{behaviour}: per-prompt attribution graphs"
         html = page.page_html(title, pages, found, cfg.prompt_graph_node_threshold,
                               cfg.prompt_graph_edge_threshold,
