@@ -19,13 +19,16 @@ def run() -> None:
         default=[],
         help="features/mlp_out/layer_N: each feature's label and top contexts",
     )
+    parser.add_argument(
+        "--features-html", help="report/features.html: the page links each feature's card there"
+    )
     parser.add_argument("--out-dir", required=True, help="attribution/{behaviour}/prompt_graphs")
     parser.add_argument("--page", help="the page (default: --out-dir with .html)")
     args, config = cli.parse(parser)
     from circuitflow.attribution.prompt_graphs import stage  # SAELens: not for --help
 
     s = stage.run(config, args.behaviour, args.prompts, args.model_json, args.transcoders,
-                  args.out_dir, args.page, args.features)  # fmt: skip
+                  args.out_dir, args.page, args.features, args.features_html)  # fmt: skip
     print(
         f"prompt_graphs {args.behaviour}: {len(s['graphs'])} graphs, replacement score "
         f"{s['replacement_score_mean']}, completeness {s['completeness_score_mean']}, "

@@ -26,6 +26,12 @@ def run() -> None:
     p.add_argument(
         "--prompt-graphs", default=None, help="attribution/{behaviour}/prompt_graphs (transcoders)"
     )
+    p.add_argument(
+        "--features-dirs", nargs="*", default=[], help="features/{site}/layer_{layer}: labels"
+    )
+    p.add_argument(
+        "--features-html", default=None, help="report/features.html: the graph page links to it"
+    )
     p.add_argument("--top", type=int, default=15, help="rows per table")
     cli.add_outputs(p, "html")
     p.add_argument("--out-graph", help="the attribution graph page with steering results")
@@ -68,10 +74,13 @@ def run() -> None:
         stage.baseline(a.json, a.out_csv, a.out_html)
     elif a.command == "behaviour":
         stage.behaviour(
-            a.behaviour, a.attribution_dir, a.interventions_dir, a.out_html, a.top, a.prompt_graphs
-        )
+            a.behaviour, a.attribution_dir, a.interventions_dir, a.out_html, a.top,
+            a.prompt_graphs, a.features_dirs,
+        )  # fmt: skip
         if a.out_graph:
-            stage.graph_page(a.behaviour, a.attribution_dir, a.interventions_dir, a.out_graph)
+            stage.graph_page(
+                a.behaviour, a.attribution_dir, a.interventions_dir, a.out_graph, a.features_html
+            )
     elif a.command == "provenance":
         stage.provenance(a.provenance_dir, a.out_html)
     elif a.command == "gpu_hours":

@@ -107,6 +107,7 @@ RULES = {
     "report_baseline": Rule("light", "report"),
     "report_behaviour": Rule("light", "report"),
     "report_provenance": Rule("light", "report"),
+    "report_features": Rule("light", "report"),
     "report_gpu_hours": Rule("light", "architectures"),  # TransformerLens's model configs
     "provenance_run": Rule("light", "base"),
     "job_costs": Rule("light", "report"),

@@ -19,10 +19,11 @@ from helpers.summaries import INDUCTION_SUMMARY
 
 from circuitflow.attribution import stage
 from circuitflow.attribution.config import AttributionConfig
-from circuitflow.attribution.page import graph_html, page_data, rounded
+from circuitflow.attribution.page import browser_href, graph_html, page_data, rounded
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.flags import flags, flags_of
 from circuitflow.interventions.stage import intervene
+from circuitflow.nodes import Node
 from circuitflow.report import stage as report_stage
 
 
@@ -177,6 +178,49 @@ def test_stage_page_in_chromium(run, tmp_path):
     if (feature, "logit") in edge_pairs(found["initial"]["edges"]):
         assert [feature, "logit"] in click["edges_on"]
     assert found["cleared"]
+    # Each feature's label from graph.json (the features stage's); no link: the stage's page
+    # is written before the feature browser.
+    labels = {n["id"]: n["label"] for n in run.graph["nodes"] if n["kind"] == "feature"}
+    assert all(labels.values()) and found["features"]
+    for f in found["features"]:
+        full = f"#{Node.parse(f['id']).index} {labels[f['id']]}"
+        assert f["href"] is None
+        assert f["text"] == full or (f["text"].endswith("…") and full.startswith(f["text"][:-1]))
+    assert card["label"] == f"label: {labels[feature]}" and card["link"] is None
+
+
+def test_features_show_their_labels_and_link_the_browser(run, tmp_path):
+    """Each feature's text is its index and its graph.json label (cut with "…" past
+    TEXT_MAX, its column widened for it without an edge crossing a label), its card shows the
+    label whole, and its text and card link its card in the feature browser."""
+    feats = [n for n in run.graph["nodes"] if n["kind"] == "feature"]
+    labels = {n["id"]: f'fires on "<t{n["index"]}>" & co' for n in feats}
+    long = feats[0]["id"]
+    labels[long] = "fires on " + " / ".join(f'"w{k}"' for k in range(30))
+    nodes = [n | {"label": labels[n["id"]]} if n["id"] in labels else n for n in run.graph["nodes"]]
+    page = tmp_path / "report" / "b" / "graph.html"
+    page.parent.mkdir(parents=True)
+    href = browser_href(page, tmp_path / "report" / "features.html")
+    assert href == "../features.html"
+    page.write_text(graph_html(run.graph | {"nodes": nodes}, "b", run.contexts,
+                               features_href=href))  # fmt: skip
+    found = check_page(chromium(), page, tmp_path, hover=long, edge_share=0.5, node_share=1)
+    assert found["errors"] == []
+    drawn = {f["id"]: f for f in found["features"]}
+    assert set(drawn) == set(labels)
+    for node_id, label in labels.items():
+        text, full = drawn[node_id]["text"], f"#{Node.parse(node_id).index} {label}"
+        if node_id == long:
+            assert text.endswith("…") and full.startswith(text[:-1]) and len(text) < len(full)
+        else:
+            assert text == full
+        assert drawn[node_id]["href"] == f"../features.html#{Node.parse(node_id).anchor}"
+    for state in ("initial", "after_edge", "after_node"):
+        geometry = found[f"{state}_geometry"]
+        assert geometry["crossings"] == [] and geometry["over_labels"] == [], (state, geometry)
+    card = found["hover"]
+    assert card["label"] == f"label: {labels[long]}"
+    assert card["link"] == f"../features.html#{Node.parse(long).anchor}"
 
 
 def test_report_page_adds_steering(run, tmp_path):

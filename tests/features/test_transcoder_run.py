@@ -1,7 +1,8 @@
 """The features stage end to end on a transcoder of a tiny GPT-2 (its own BPE tokenizer, random
 weights): model.json, a token set and a saved transcoder in, its folder out; then the per-prompt
-graphs read that folder: each feature node's clerp is its label and the page's contexts are the
-stage's top contexts, with no pass over the token set of their own."""
+graphs read that folder: each feature node's clerp is its label, which the page's cards show
+beside a link to the feature's card in the browser, and the page's contexts are the stage's top
+contexts, with no pass over the token set of their own."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_prompt_graphs_take_labels_and_contexts_from_the_stage(run):
                  ).to_parquet(tmp / "prompts.parquet")  # fmt: skip
     graphs = tmp / "prompt_graphs"
     summary = stage.run(config, "b", tmp / "prompts.parquet", model_dir / "model.json", [tc_dir],
-                        graphs, feature_dirs=[out])  # fmt: skip
+                        graphs, feature_dirs=[out],
+                        features_html=tmp / "report" / "features.html")  # fmt: skip
     assert "contexts" not in summary["forward_equivalents_by_part"]  # no pass of its own
     labels = write.read_labels([out])[("mlp_out", 0)]
     nodes = json.loads((graphs / "b-0.json").read_text())["nodes"]
@@ -89,6 +91,17 @@ def test_prompt_graphs_take_labels_and_contexts_from_the_stage(run):
     for node in feats:
         layer, feat, _ = map(int, node["node_id"].split("_"))
         assert node["clerp"] == labels[feat] and node["clerp"]
+    # The page: each drawn feature's card shows its clerp; a click opens its browser card.
+    from helpers.chromium import chromium
+    from helpers.graph_page import PROMPT_CHECKS_JS, check_page
+
+    seen = check_page(chromium(), graphs.with_suffix(".html"), tmp, PROMPT_CHECKS_JS,
+                      node_low=0.3, node_high=1.0)  # fmt: skip
+    assert seen["errors"] == [] and seen["features"]
+    for f in seen["features"]:
+        feat = int(f["title"].split("#")[1].split()[0])
+        assert f["label"] == f"label: {labels[feat]}"
+        assert f["href"] == f"report/features.html#mlp_out.0.f{feat}"
     found = pd.read_parquet(graphs / "feature_contexts.parquet")
     ours = pd.read_parquet(out / "contexts.parquet").query("kind == 'top' and rank < 2")
     kept = {int(n["node_id"].split("_")[1]) for n in feats}

@@ -81,6 +81,22 @@
     };
   }
 
+  // Each drawn feature: the text above it and where its text links (the feature browser).
+  function features() {
+    return [...svg.querySelectorAll(".node")].filter((g) => g.dataset.id.startsWith("feature."))
+      .map((g) => {
+        const a = g.querySelector("a.browser");
+        return { id: g.dataset.id, text: g.querySelector("text").textContent,
+                 href: a ? a.getAttribute("href") : null };
+      });
+  }
+
+  // The open card's label line and its link to the feature browser.
+  function cardLabel(card) {
+    const label = card.querySelector(".feature-label"), a = card.querySelector("a.browser");
+    return { label: label ? label.textContent : null, link: a ? a.getAttribute("href") : null };
+  }
+
   function node(id) {
     return svg.querySelector(`.node[data-id="${CSS.escape(id)}"]`);
   }
@@ -106,12 +122,13 @@
       [p.dataset.source, p.dataset.target, p.querySelector("title").textContent]);
     out.initial_geometry = geometry();
     out.svg_size = [+svg.getAttribute("width"), +svg.getAttribute("height")];
+    out.features = features();
     const card = document.getElementById("card");
     if (config.hover) {
       node(config.hover).dispatchEvent(new MouseEvent("mouseenter"));
       out.hover = { hidden: card.hidden, node: card.dataset.node, text: card.textContent,
                     marks: [...card.querySelectorAll("mark")].map((m) => m.textContent),
-                    contexts: card.querySelectorAll("li").length };
+                    contexts: card.querySelectorAll("li").length, ...cardLabel(card) };
       node(config.hover).dispatchEvent(new MouseEvent("mouseleave"));
       out.hover_after_leave_hidden = card.hidden;
     }

@@ -32,7 +32,10 @@
 
   function hover(target) {
     target.dispatchEvent(new MouseEvent("mousemove", { clientX: 100, clientY: 100 }));
+    const label = card.querySelector(".feature-label");
     const seen = { hidden: card.hidden, text: card.textContent,
+                   title: card.querySelector("h3").textContent,
+                   label: label ? label.textContent : null,
                    items: card.querySelectorAll("li").length,
                    heads: [...card.querySelectorAll("li.head")].map((li) => li.textContent) };
     target.dispatchEvent(new MouseEvent("mouseleave"));
@@ -42,12 +45,18 @@
 
   window.addEventListener("load", () => {
     try {
-      const out = { errors: window.__errors, tokens_json: JSON.parse(
-        document.getElementById("graph-data").textContent).graphs.map((g) => g.tokens) };
+      const graphs = JSON.parse(document.getElementById("graph-data").textContent).graphs;
+      const out = { errors: window.__errors, tokens_json: graphs.map((g) => g.tokens),
+                    slug: graphs[+document.getElementById("prompt").value].slug };
       out.default = drawn();
       out.scores = document.getElementById("scores").textContent;
       const feature = svg.querySelector("g.node.feature");
       out.feature_card = feature ? hover(feature) : null;
+      // Every drawn feature: its card's title and label, and where a click on it goes.
+      out.features = [...svg.querySelectorAll("g.node.feature")].map((g) => {
+        const a = g.closest("a.browser");
+        return Object.assign(hover(g), { href: a ? a.getAttribute("href") : null });
+      });
       const carried = [...svg.querySelectorAll("path.edge")].find((p) => +p.dataset.heads > 0);
       out.edge_card = carried ? hover(carried) : null;
       setThreshold("node-threshold", config.node_low);

@@ -47,10 +47,12 @@ def caption_wildcards() -> dict[str, set[str]]:
     for path in RULES:
         text = path.read_text()
         named |= set(re.findall(r'caption="\.\./report/([^"]+)"', text))
+        # The output is a string, or a name the rules define (no wildcards: FEATURE_BROWSER).
         for match in re.finditer(
-            r'report\(\s*(f?)"([^"]+)",\s*caption="\.\./report/([^"]+)"', text
+            r'report\(\s*(?:(f?)"([^"]+)"|\w+),\s*caption="\.\./report/([^"]+)"', text
         ):
             fstring, output, caption = match.groups()
+            output = output or ""
             names = re.findall(r"\{\{(\w+)\}\}" if fstring else r"\{(\w+)\}", output)
             found.setdefault(caption, set()).update(names)
     assert named == set(found), f"captions not matched to an output: {named - set(found)}"

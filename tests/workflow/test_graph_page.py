@@ -1,13 +1,16 @@
 """The default run's attribution graph pages in headless Chromium, as a researcher opens them from
 the report (report/{behaviour}/graph.html, with the steering results): no JavaScript errors, the
 default thresholds show graph.json's graph, no edge passes through a node it does not connect,
-a feature's card shows its contexts and the tokens it promotes, the thresholds re-prune.
+a feature's card shows its contexts and the tokens it promotes, the thresholds re-prune; each
+feature shows its label from graph.json and links its card in report/features.html, which opens
+it.
 Screenshots of each page, plain and with a feature's card open, are left in the test's temporary
 directory."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib.image
 import pandas as pd
@@ -15,7 +18,10 @@ import pytest
 from helpers.chromium import chromium
 from helpers.graph_page import check_page, screenshot
 
+from circuitflow.nodes import Node
+
 pytestmark = pytest.mark.slow
+FEATURE_CHECKS_JS = (Path(__file__).parents[1] / "helpers" / "features_page_checks.js").read_text()
 
 
 def pairs(edges) -> list[tuple[str, str]]:
@@ -47,11 +53,31 @@ def test_default_run_graph_page(default_results, behaviour, tmp_path):
     assert card["contexts"] > 0 and len(card["marks"]) == card["contexts"]
     assert "decoder direction raises the logits of" in card["text"]
     assert feature in found["click"]["nodes_on"]
+    # Each feature's text: its index and graph.json's label (cut with "…" when too wide); its
+    # text and card link its card in the feature browser, which opens it with the same label.
+    labels = {n["id"]: n["label"] for n in graph["nodes"] if n["kind"] == "feature"}
+    assert all(labels.values()), "the features stage labels every feature"
+    drawn = {f["id"]: f for f in found["features"]}
+    assert set(drawn) == set(labels)
+    browser_page = default_results / "report" / "features.html"
+    assert browser_page.is_file()
+    for node_id, f in drawn.items():
+        full = f"#{Node.parse(node_id).index} {labels[node_id]}"
+        assert f["text"] == full or (f["text"].endswith("…") and full.startswith(f["text"][:-1]))
+        target, anchor = f["href"].split("#")
+        assert (page.parent / target).resolve() == browser_page.resolve()
+        assert anchor == Node.parse(node_id).anchor
+    assert card["label"] == f"label: {labels[feature]}" and card["link"] == drawn[feature]["href"]
+    anchor = Node.parse(feature).anchor
+    opened = check_page(browser, browser_page, tmp_path, FEATURE_CHECKS_JS, fragment=anchor)
+    assert opened["errors"] == [] and opened["opened"]["anchor"] == anchor
+    assert opened["opened"]["label"] == labels[feature]
     # The stage's own page (no steering yet) draws the same graph.
     own = check_page(browser, page.parents[2] / "attribution" / behaviour / "graph.html",
                      tmp_path, hover=feature, edge_share=0.5, node_share=0.5)  # fmt: skip
     assert own["errors"] == [] and pairs(own["initial"]["edges"]) == pairs(graph["edges"])
     assert "report's copy of this page" in own["hover"]["text"]
+    assert all(f["href"] is None for f in own["features"])  # written before the browser
 
     for name, pose in {"graph": {}, "card": {"hover": feature, "click": feature}}.items():
         shot = screenshot(browser, page, tmp_path / f"{behaviour}_{name}.png", **pose)

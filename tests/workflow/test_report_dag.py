@@ -11,10 +11,14 @@ import re
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from helpers.chromium import browse, chromium
 from helpers.dag import REPO, SNAKEMAKE
+from helpers.graph_page import check_page
+
+from circuitflow.features.write import read_labels
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +47,7 @@ SHOWN = [
     ("Job costs", ["table"], "job_costs.html"),
     ("Job costs", ["GPU-hours of a full run"], "gpu_hours.html"),
     ("Provenance", ["reproducibility checklist"], "provenance.html"),
+    ("Features", ["all", "feature browser"], "features.html"),
 ]
 
 # Collects JavaScript errors from the start; after load, clicks through `steps` (a category
@@ -108,6 +113,44 @@ def test_report_pages_and_provenance_files(report_html, default_results):
     text = report_html.read_text()
     assert "per-prompt graphs" in text and "prompt_graphs.html" in text
     assert "Per-prompt attribution graphs of behaviour" in text
+
+
+def _cells(row: str, tag: str) -> list[str]:
+    return [html.unescape(c) for c in re.findall(rf"<{tag}[^>]*>(.*?)</{tag}>", row, re.S)]
+
+
+def table_after(page: str, heading: str) -> pd.DataFrame:
+    """The first table after the heading `heading` of a report page, as text."""
+    part = page[page.index(heading) :]
+    rows = re.findall(r"<tr>(.*?)</tr>", part[: part.index("</table>")], re.S)
+    return pd.DataFrame([_cells(r, "td") for r in rows[1:]], columns=_cells(rows[0], "th"))
+
+
+def test_feature_browser_of_every_dictionary_and_labels_in_the_tables(default_results, tmp_path):
+    """report/features.html holds every dictionary the run has and opens a feature's card at
+    its address; the behaviour's features table labels each feature as the features stage
+    does."""
+    folders = sorted((default_results / "features").glob("*/layer_*"))
+    labels = read_labels(folders)
+    assert {site for site, _ in labels} == {"resid_post", "mlp_out"}  # SAEs and transcoders
+    site, layer = next(iter(labels))
+    feature = next(iter(labels[(site, layer)]))
+    anchor = f"{site}.{layer}.f{feature}"
+    checks = (REPO / "tests" / "helpers" / "features_page_checks.js").read_text()
+    page = default_results / "report" / "features.html"
+    found = check_page(chromium(), page, tmp_path, checks, fragment=anchor)
+    assert found["errors"] == []
+    assert sorted(found["tabs"]) == sorted(f"{s}.{n}" for s, n in labels)
+    assert found["opened"]["anchor"] == anchor
+    assert found["opened"]["label"] == labels[(site, layer)][feature]
+    tables = (default_results / "report" / "induction" / "tables.html").read_text()
+    table = table_after(tables, "SAE features by attribution")
+    assert len(table) > 0 and "label" in table.columns
+    for r in table.itertuples():
+        expected = (
+            "error term" if r.feature == "-1" else labels[(r.site, int(r.layer))][int(r.feature)]
+        )
+        assert r.label == expected and expected
 
 
 def test_report_in_chromium(report_html, tmp_path):

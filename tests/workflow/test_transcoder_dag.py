@@ -9,6 +9,9 @@ SAEs (dry runs of .test/config/transcoder.yaml)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pandas as pd
 import pytest
 import yaml
@@ -16,8 +19,10 @@ from helpers.dag import REPO, load_test_config, read_json, run_snakemake
 from helpers.transcoders import swapped_loss, zeroed_loss
 
 from circuitflow import config as cf_config
+from circuitflow.attribution.prompt_graphs.files import cantor
 from circuitflow.capture.files import read_activation_info
 from circuitflow.model.load import load_model
+from circuitflow.nodes import Node
 from circuitflow.sae.data import load_eval_contexts
 from circuitflow.sae.files import load_sae
 from circuitflow.sae.transcoder import TopKTranscoder
@@ -180,6 +185,28 @@ def test_prompt_graph_page_in_chromium(run, tmp_path):
     feature = out["feature_card"]
     assert not feature["hidden"] and feature["hidden_after"]
     assert "top activating contexts" in feature["text"] and feature["items"] >= 1
+    # Each feature's card shows its clerp from the prompt's graph file, and a click opens its
+    # card in the feature browser, which holds it with the same label.
+    graph = read_json(page.parent / "prompt_graphs" / f"{out['slug']}.json")
+    clerps = {(n["layer"], n["feature"]): n["clerp"] for n in graph["nodes"]
+              if n["feature_type"] == "cross layer transcoder"}  # fmt: skip
+    browser_page = results / "report" / "features.html"
+    browser = json.loads(re.search(r'id="feature-data">(.*?)</script>', browser_page.read_text(),
+                                   re.S)[1])  # fmt: skip
+    browser_labels = {
+        f"{d['key']}.f{f}": label
+        for d in browser["dictionaries"]
+        for f, label in zip(d["features"]["feature"], d["features"]["label"], strict=True)
+    }
+    assert out["features"]
+    for f in out["features"]:
+        layer, index = map(int, re.match(r"feature L(\d+) #(\d+) ", f["title"]).groups())
+        clerp = clerps[(str(layer), cantor(layer, index))]
+        assert clerp and f["label"] == f"label: {clerp}"
+        target, anchor = f["href"].split("#")
+        assert (page.parent / target).resolve() == browser_page.resolve()
+        assert anchor == Node("feature", layer, index, "mlp_out").anchor
+        assert browser_labels[anchor] == clerp
     edge = out["edge_card"]
     assert edge and edge["heads"] and "% of the edge" in edge["heads"][0], edge
     assert "replacement score" in out["scores"] and "Spearman" in out["scores"]

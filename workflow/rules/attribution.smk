@@ -93,8 +93,11 @@ rule prompt_graphs:
         **job_resources("prompt_graphs"),
     params:
         cfg=config_json("device", "model", "attribution", "capture"),
+        # The feature browser the page links each feature to (the report writes it).
+        features_html=feature_browser_option,
     shell:
         stage("prompt_graphs")
         + " --config {params.cfg} --behaviour {wildcards.behaviour} --prompts {input.prompts}"
         " --model-json {input.model} --transcoders {input.transcoders}"
-        " --features {input.features} --out-dir {output.graphs} --page {output.page} 2> {log}"
+        " --features {input.features} {params.features_html} --out-dir {output.graphs}"
+        " --page {output.page} 2> {log}"

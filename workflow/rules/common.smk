@@ -361,6 +361,20 @@ def interventions_outputs():
 
 
 REPORT = f"{OUT}/report"
+# The feature browser (report_features), where the graph pages link their feature nodes.
+FEATURE_BROWSER = f"{REPORT}/features.html"
+
+
+def feature_browser_outputs():
+    """The feature browser, in a run with dictionaries to browse."""
+    return [FEATURE_BROWSER] if features_outputs() else []
+
+
+def feature_browser_option(wildcards=None):
+    """`--features-html` of a job whose page links its feature nodes to the browser (the
+    browser's path: the page links relative to it), none in a run without the browser.
+    """
+    return " ".join(f"--features-html {p}" for p in feature_browser_outputs())
 
 
 def provenance_run_outputs():

@@ -83,6 +83,8 @@ rule report_behaviour:
         steering=f"{IV}/{{behaviour}}/steering.parquet",
         # With transcoders beside the SAEs (sae.kind both), the page leads with these.
         prompt_graphs=behaviour_prompt_graphs,
+        # Each SAE feature's label (the features table); the graph page links the browser.
+        features=features_outputs(SAE_SITES),
     output:
         tables=report(
             f"{REPORT}/{{behaviour}}/tables.html",
@@ -116,10 +118,12 @@ rule report_behaviour:
         prompt_graphs=lambda wc, input: (
             f"--prompt-graphs {input.prompt_graphs}" if input.prompt_graphs else ""
         ),
+        features_html=feature_browser_option,
     shell:
         stage("report") + " behaviour --behaviour {wildcards.behaviour}"
         " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
-        " {params.prompt_graphs} --out-html {output.tables} --out-graph {output.graph} 2> {log}"
+        " {params.prompt_graphs} --features-dirs {input.features} {params.features_html}"
+        " --out-html {output.tables} --out-graph {output.graph} 2> {log}"
 
 
 rule report_provenance:
@@ -201,6 +205,34 @@ rule report_gpu_hours:
         " --out-csv {output.csv} --out-html {output.html} 2> {log}"
 
 
+# The feature browser of every dictionary (features.smk's folders): the graph pages link each
+# feature node to its card here (FEATURE_BROWSER).
+rule report_features:
+    input:
+        features_outputs(),
+    output:
+        report(
+            FEATURE_BROWSER,
+            caption="../report/features_browser.rst",
+            category="Features",
+            labels={"dictionary": "all", "figure": "feature browser"},
+        ),
+    log:
+        f"{OUT}/logs/report/features.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_features.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("report_features")
+    resources:
+        **job_resources("report_features"),
+    shell:
+        stage("report")
+        + " features --features-dirs {input} --out-html {output} 2> {log}"
+
+
 # Last: every other job's benchmark file exists once its outputs do.
 rule job_costs:
     input:
@@ -210,6 +242,7 @@ rule job_costs:
             f"{REPORT}/baseline.csv",
             f"{REPORT}/provenance.html",
             f"{REPORT}/gpu_hours.html",
+            *feature_browser_outputs(),
             *(
                 []
                 if not SAE_SITES

@@ -7,7 +7,9 @@
   const NS = "http://www.w3.org/2000/svg";
   const POS = "#2166ac", NEG = "#b2182b";
   const R_MIN = 5, R_MAX = 18;
-  const HALF = R_MAX + 8; // half a column's width: every node disk and label stays inside it
+  const HALF = R_MAX + 8; // half a column's narrowest width: every node disk stays inside it
+  // A feature's text (index and label) widens its column up to this, then ends in "…".
+  const TEXT_MAX = 190;
   // Between two columns: edges bend only here, where no node is. As wide as fits the window,
   // within these bounds (the page scrolls sideways beyond).
   const CORRIDOR_MIN = 60, CORRIDOR_MAX = 110;
@@ -37,6 +39,11 @@
   const radius = (n) => R_MIN + (R_MAX - R_MIN) * Math.sqrt(Math.abs(n.score) / sMax);
   const signColour = (x) => (x < 0 ? NEG : POS);
   const edgeWidth = (e) => 0.6 + (5.4 * Math.abs(e.weight)) / wMax;
+  // The feature browser (report/features.html) where the page can follow a link: not inside
+  // the Snakemake report, which embeds each page on its own (a data: address).
+  const BROWSER = DATA.features_href && ["file:", "http:", "https:"].includes(location.protocol)
+    ? DATA.features_href : null;
+  const browserLink = (n) => (BROWSER && n.anchor ? BROWSER + "#" + n.anchor : null);
 
   function el(tag, props, children) {
     const node = document.createElement(tag);
@@ -49,6 +56,28 @@
     const node = document.createElementNS(NS, tag);
     for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
     return node;
+  }
+
+  // The text above a node: a feature's index and label (its column widens for it, up to
+  // TEXT_MAX, cut with "…" beyond), the short name of any other node.
+  const fullText = (n) => (n.feature_label ? n.label + " " + n.feature_label : n.label);
+  const fitted = new Map(); // node id -> [text, width]
+  function fitText(n) {
+    if (fitted.has(n.id)) return fitted.get(n.id);
+    const probe = svgEl("g", { class: "node" });
+    const t = svgEl("text", {});
+    probe.append(t);
+    svg.append(probe);
+    let text = fullText(n);
+    t.textContent = text;
+    while (t.getComputedTextLength() > TEXT_MAX && text.length > n.label.length) {
+      text = text.slice(0, -1);
+      t.textContent = text.trimEnd() + "…";
+    }
+    const out = [t.textContent, t.getComputedTextLength()];
+    probe.remove();
+    fitted.set(n.id, out);
+    return out;
   }
 
   // ---- Pruning: circuit-tracer's cumulative rule, as graph.py's cumulative_keep -------------
@@ -148,12 +177,19 @@
       byKey.get(key).nodes.push(n);
     }
     cols.sort((a, b) => a.order - b.order || a.layer - b.layer);
+    // Each column as wide as its widest text (no edge crosses a column's text band).
+    for (const c of cols) {
+      c.half = Math.max(HALF, ...c.nodes.map((n) => fitText(n)[1] / 2 + 3));
+    }
+    const columns = cols.reduce((s, c) => s + 2 * c.half, 0);
     const room = document.getElementById("graph-scroll").clientWidth - 2 * SIDE - 2;
-    const fit = (room - cols.length * 2 * HALF) / Math.max(1, cols.length - 1);
+    const fit = (room - columns) / Math.max(1, cols.length - 1);
     const corridor = Math.min(CORRIDOR_MAX, Math.max(CORRIDOR_MIN, fit));
     const pos = new Map();
+    let left = SIDE;
     cols.forEach((c, ci) => {
-      c.x = SIDE + HALF + ci * (2 * HALF + corridor);
+      c.x = left + c.half;
+      left += 2 * c.half + corridor;
       c.nodes.sort((a, b) => Math.abs(b.score) - Math.abs(a.score) || (a.id < b.id ? -1 : 1));
       c.nodes.forEach((n) => pos.set(n.id, { x: c.x, r: radius(n), col: ci }));
       c.lanes = new Array(c.nodes.length + 1).fill(0);
@@ -210,7 +246,7 @@
       });
     }
     routes.forEach((rt) => (rt.d = pathOf(rt, cols, corridor)));
-    const width = 2 * SIDE + cols.length * 2 * HALF + Math.max(0, cols.length - 1) * corridor;
+    const width = 2 * SIDE + columns + Math.max(0, cols.length - 1) * corridor;
     return { cols: cols, pos: pos, routes: routes, bottom: bottom, width: width };
   }
 
@@ -219,15 +255,19 @@
   function pathOf(rt, cols, corridor) {
     const f = (x) => x.toFixed(1);
     const { a, b } = rt;
+    const half = (p) => cols[p.col].half;
     if (a.col === b.col) {
       // Same column (not made by the stage today): a loop out into the corridor on the right.
-      const x = a.x + HALF, bend = x + corridor / 3;
+      const x = a.x + half(a), bend = x + corridor / 3;
       return `M${f(a.x)},${f(a.y)}H${f(x)}C${f(bend)},${f(a.y)} ${f(bend)},${f(b.y)} ` +
         `${f(x)},${f(b.y)}H${f(b.x)}`;
     }
-    const pts = [{ x0: a.x, x1: a.x + HALF, y: a.y }];
-    for (const v of rt.via) pts.push({ x0: cols[v.ci].x - HALF, x1: cols[v.ci].x + HALF, y: v.y });
-    pts.push({ x0: b.x - HALF, x1: b.x, y: b.y });
+    const pts = [{ x0: a.x, x1: a.x + half(a), y: a.y }];
+    for (const v of rt.via) {
+      const c = cols[v.ci];
+      pts.push({ x0: c.x - c.half, x1: c.x + c.half, y: v.y });
+    }
+    pts.push({ x0: b.x - half(b), x1: b.x, y: b.y });
     let d = `M${f(a.x)},${f(a.y)}H${f(pts[0].x1)}`;
     for (let k = 1; k < pts.length; k++) {
       const p = pts[k - 1], q = pts[k], mid = (p.x1 + q.x0) / 2;
@@ -262,7 +302,8 @@
       else bands.push({ cols: [c] });
     }
     bands.forEach((band, k) => {
-      const x0 = band.cols[0].x - HALF - 10, x1 = band.cols[band.cols.length - 1].x + HALF + 10;
+      const first = band.cols[0], last = band.cols[band.cols.length - 1];
+      const x0 = first.x - first.half - 10, x1 = last.x + last.half + 10;
       svg.append(svgEl("rect", {
         class: "band" + (k % 2 ? " odd" : ""), x: x0, y: 2, width: x1 - x0, height: height - 4,
         rx: 6,
@@ -302,8 +343,15 @@
       if (n.bridge) circle.setAttribute("stroke-dasharray", "3 2");
       g.append(circle);
       const label = svgEl("text", { x: p.x.toFixed(1), y: (p.y - p.r - 4).toFixed(1) });
-      label.textContent = n.label;
-      g.append(label);
+      label.textContent = fitText(n)[0];
+      // A feature's text opens its card in the feature browser (the disk selects paths).
+      const href = browserLink(n);
+      if (href) {
+        const a = svgEl("a", { class: "browser", href: href });
+        a.addEventListener("click", (ev) => ev.stopPropagation());
+        a.append(label);
+        g.append(a);
+      } else g.append(label);
       g.addEventListener("mouseenter", () => showCard(n, g));
       g.addEventListener("mouseleave", showPinned);
       g.addEventListener("click", (ev) => {
@@ -444,6 +492,21 @@
     ])))];
   }
 
+  // A feature's label and the way to its card in the feature browser.
+  function labelItems(n) {
+    const parts = [el("p", { className: "feature-label", textContent: n.feature_label ?
+      "label: " + n.feature_label : "label: none (no features stage for this dictionary)" })];
+    const href = browserLink(n);
+    if (href) {
+      parts.push(el("p", {}, [el("a", { className: "browser", href: href,
+        textContent: "open its card in the feature browser (" + n.anchor + ")" })]));
+    } else if (DATA.features_href) {
+      parts.push(el("p", { className: "none", textContent: "its card: report/features.html#" +
+        n.anchor + " in the results folder" }));
+    }
+    return parts;
+  }
+
   function steeringItems(n) {
     if (DATA.steering === null) {
       return [el("p", { className: "none", textContent: "the interventions stage runs after " +
@@ -469,11 +532,12 @@
     const swatch = el("span", { className: "swatch" });
     swatch.style.background = DATA.colours[n.kind];
     const name = n.name === n.id ? n.id : `${n.name}  (${n.id})`;
-    const parts = [
-      el("h3", {}, [swatch, name]),
+    const parts = [el("h3", {}, [swatch, name])];
+    if (n.kind === "feature") parts.push(...labelItems(n));
+    parts.push(
       el("p", { textContent: where(n) }),
       el("p", { textContent: `score ${fmt(n.score)}: ${sourceText(n.score_source)}` }),
-    ];
+    );
     if (n.bridge) {
       parts.push(el("p", { textContent: "bridge: kept because paths between the graph's " +
         "nodes cross its SAE, none of whose nodes made the cut on its own" }));

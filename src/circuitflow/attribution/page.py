@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -45,9 +47,20 @@ def rounded(x: Any, digits: int = 3) -> str:
     return f"{float(f'{x:.{digits}g}'):g}"
 
 
+def browser_href(page: Path | str, browser: Path | str | None) -> str | None:
+    """The link from the page written to `page` to the feature browser written to `browser`
+    (report/features.html), relative so the results folder can move; None without a browser
+    (a run without the features stage): the page then links nothing."""
+    if browser is None:
+        return None
+    return Path(os.path.relpath(Path(browser).resolve(), Path(page).resolve().parent)).as_posix()
+
+
 def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
     """A graph.json node plus what the page draws: short label (inside its column), full name,
-    column name and forward-pass order (the column's place)."""
+    column name and forward-pass order (the column's place); a feature also its label from the
+    features stage (`feature_label`, null where graph.json has none) and its card's anchor in
+    the feature browser."""
     if n["kind"] == "logit":
         extra = {"name": "logit", "label": "logit", "column": "logit", "order": n_layers + 2.0}
     else:
@@ -59,6 +72,8 @@ def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
             "column": COLUMN_NAMES.get(node.kind, node.site),
             "order": node.order,
         }
+        if node.kind == "feature":
+            extra |= {"feature_label": n.get("label"), "anchor": node.anchor}
     keys = ("id", "kind", "layer", "index", "site", "score", "score_source")
     return {k: n.get(k) for k in keys} | {"bridge": bool(n.get("bridge"))} | extra
 
@@ -115,8 +130,10 @@ def page_data(
     graph: dict[str, Any],
     contexts: pd.DataFrame | None = None,
     steering: pd.DataFrame | None = None,
+    features_href: str | None = None,
 ) -> dict[str, Any]:
-    """Everything graph_page.js reads. Older graph.json files without `computed_edges` or
+    """Everything graph_page.js reads (`features_href`: the feature browser relative to the
+    page, browser_href; None: no links). Older graph.json files without `computed_edges` or
     `score_abs_total` fall back to the pruned edges and the graph's own nodes."""
     logit = next(n for n in graph["nodes"] if n["kind"] == "logit")
     nodes = [_node(n, int(logit["layer"])) for n in graph["nodes"]]
@@ -139,6 +156,7 @@ def page_data(
         "colours": KIND_COLOURS,
         "contexts": feature_contexts(contexts),
         "steering": steering_tokens(steering),
+        "features_href": features_href,
     }
 
 
@@ -293,7 +311,10 @@ CONTROLS = """
 right); within a column nodes are ordered by |score|. Node size grows with |score|, its ring is
 blue when the node helps the answer and red when it hurts; edge width grows with |weight|, blue
 edges help and red ones hurt. Hover a node for its card; click it to highlight its paths to the
-logit (click the background or press Escape to clear). The thresholds re-prune the graph as
+logit (click the background or press Escape to clear). A feature's text reads its index and
+label (the features stage's, made from its top tokens; the card has it whole); where the run
+has the feature browser (report/features.html), a click on that text opens the feature's card
+there. The thresholds re-prune the graph as
 circuit-tracer does: the largest nodes (edges) until that share of the total is covered.</p>
 """
 
@@ -305,12 +326,14 @@ def graph_html(
     steering: pd.DataFrame | None = None,
     circuit: dict[str, Any] | None = None,
     flags: list[dict[str, Any]] | None = None,
+    features_href: str | None = None,
 ) -> str:
     """The page: header, controls, legend and an SVG that graph_page.js draws from the data.
     `circuit`: the interventions stage's summary.json (the report's copy), whose graph_circuit
     the header states, and `flags` the flags on its numbers (interventions.flags.flags of it),
-    which the header lists."""
-    data = _json_for_script(page_data(graph, contexts, steering))
+    which the header lists; `features_href`: the feature browser, relative to the page
+    (browser_href), where each feature's label links to its card."""
+    data = _json_for_script(page_data(graph, contexts, steering, features_href))
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_asset('graph_page.css')}</style></head>"

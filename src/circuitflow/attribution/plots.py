@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from circuitflow.nodes import Node
 from circuitflow.plots import layer_head_grid, pyplot
+
+LABEL_CHARS = 48  # a feature's label on the figure is cut here ("…")
 
 
 def head_heatmap(heads: pd.DataFrame, n_layers: int, n_heads: int, title: str):
@@ -18,21 +21,38 @@ def head_heatmap(heads: pd.DataFrame, n_layers: int, n_heads: int, title: str):
     )
 
 
-def top_features(features: pd.DataFrame, top: int, title: str):
-    """One panel per (site, layer): the `top` features by |score|, error term included."""
+def feature_tick(site: str, layer: int, feature: int, labels: dict | None) -> str:
+    """A feature's name on the figure, `resid_post.1.f355 — label` (its anchor in the feature
+    browser and its label, features.write.read_labels' `labels`; the name alone without one),
+    or `error` for the SAE's error term (feature -1)."""
+    if feature < 0:
+        return "error"
+    name = Node("feature", layer, feature, site).anchor
+    label = (labels or {}).get((site, layer), {}).get(feature)
+    if not label:
+        return name
+    cut = label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
+    return f"{name} — {cut}"
+
+
+def top_features(features: pd.DataFrame, top: int, title: str, labels: dict | None = None):
+    """One panel per (site, layer): the `top` features by |score|, error term included, each
+    named by its anchor and its label from `labels` ((site, layer) -> feature -> label, as
+    features.write.read_labels reads the features stage's folders)."""
     plt = pyplot()
     keys = sorted({(r.site, int(r.layer)) for r in features.itertuples()}, key=lambda k: k[1])
     n = max(len(keys), 1)
-    fig, axes = plt.subplots(1, n, figsize=(4 * n, 0.3 * top + 1.5), squeeze=False)
+    width = 4 + (2.5 if labels else 0)  # room for the labels beside each panel
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 0.3 * top + 1.5), squeeze=False)
     for ax, (site, layer) in zip(axes[0], keys, strict=False):
         sub = features[(features["site"] == site) & (features["layer"] == layer)]
         sub = sub.reindex(sub["score"].abs().sort_values(ascending=False).index).head(top)
-        labels = ["error" if f < 0 else f"f{f}" for f in sub["feature"]]
+        ticks = [feature_tick(site, layer, int(f), labels) for f in sub["feature"]]
         colours = [
             "#999999" if f < 0 else ("#2166ac" if s > 0 else "#b2182b")
             for f, s in zip(sub["feature"], sub["score"], strict=True)
         ]
-        ax.barh(labels[::-1], sub["score"].to_numpy()[::-1], color=colours[::-1])
+        ax.barh(ticks[::-1], sub["score"].to_numpy()[::-1], color=colours[::-1])
         ax.axvline(0, color="k", lw=0.8)
         ax.set_title(f"{site} layer {layer}", fontsize=9)
         ax.set_xlabel("score")

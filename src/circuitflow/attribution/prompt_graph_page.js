@@ -20,6 +20,10 @@
   const edgeInput = document.getElementById("edge-threshold");
   const fmt = (x) =>
     x === null || x === undefined || !isFinite(x) ? "n/a" : String(+(+x).toPrecision(3));
+  // The feature browser (report/features.html) where the page can follow a link: not inside
+  // the Snakemake report, which embeds each page on its own (a data: address).
+  const BROWSER = DATA.features_href && ["file:", "http:", "https:"].includes(location.protocol)
+    ? DATA.features_href : null;
 
   function svgEl(tag, attrs, parent) {
     const node = document.createElementNS(NS, tag);
@@ -116,7 +120,13 @@
 
   function nodeCard(evt, g, n) {
     const parts = [el("h3", { textContent: nodeTitle(g, n) })];
-    if (n.kind === "feature") parts.push(el("p", { textContent: "activation " + fmt(n.activation) }));
+    if (n.kind === "feature") {
+      parts.push(el("p", { className: "feature-label", textContent: n.label ?
+        "label: " + n.label : "label: none (no features stage for this transcoder)" }));
+      if (BROWSER) parts.push(el("p", { textContent: "click: its card in the feature browser (" +
+        n.anchor + ")" }));
+      parts.push(el("p", { textContent: "activation " + fmt(n.activation) }));
+    }
     if (n.kind !== "logit") {
       parts.push(el("p", { textContent: "influence: cumulative share " + fmt(n.influence) }));
     } else {
@@ -188,8 +198,11 @@
     }
     for (const k of vis.nodes) {
       const n = g.nodes[k], p = L.pos.get(k);
+      // A feature opens its card in the feature browser when clicked.
+      const link = n.kind === "feature" && BROWSER ? svgEl("a", { class: "browser",
+        href: BROWSER + "#" + n.anchor }, svg) : null;
       const grp = svgEl("g", { class: "node " + n.kind, "data-kind": n.kind, "data-pos": n.pos,
-        "data-row": p.row }, svg);
+        "data-row": p.row }, link || svg);
       const colour = { feature: FEAT, error: ERR, token: TOKEN, logit: LOGIT }[n.kind];
       if (n.kind === "error") {
         svgEl("rect", { x: p.x - R, y: p.y - R, width: 2 * R, height: 2 * R, fill: colour }, grp);

@@ -5,6 +5,7 @@ interventions' steering results, the graph's own faithfulness and completeness a
 the flags on the interventions' numbers. Each page's sections and figures are in `pages/`
 (`sae`, `baseline`, `behaviour`, `provenance`, `gpu_hours`), built with the HTML kit `html.py`
 from other stages' files read through `inputs.py`; the job costs' tables are in `job_costs.py`.
+report_features's feature browser is `features_page.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from circuitflow.attribution.page import graph_html
+from circuitflow.attribution.page import browser_href, graph_html
 from circuitflow.interventions.flags import flags
 from circuitflow.io import save_figure, write_text
 from circuitflow.report import inputs
@@ -57,27 +58,32 @@ def baseline(baseline_jsons, out_csv, out_html) -> pd.DataFrame:
 
 
 def behaviour(
-    name: str, attribution_dir, interventions_dir, out_html, top: int = 15, prompt_graphs=None
-) -> None:
+    name: str, attribution_dir, interventions_dir, out_html, top: int = 15, prompt_graphs=None,
+    feature_dirs=(),
+) -> None:  # fmt: skip
     """tables.html of a behaviour (pages/behaviour.py); `prompt_graphs`: its per-prompt graphs'
-    directory, where transcoders drew them, which the page leads with."""
+    directory, where transcoders drew them, which the page leads with; `feature_dirs`: the
+    features stage's folders of its SAEs, whose labels the features table shows."""
     sections = behaviour_page.behaviour_sections(
-        attribution_dir, interventions_dir, top, prompt_graphs
+        attribution_dir, interventions_dir, top, prompt_graphs, feature_dirs
     )
     write_text(out_html, page(f"Results of behaviour {name}", sections))
 
 
-def graph_page(name: str, attribution_dir, interventions_dir, out_html) -> None:
+def graph_page(name: str, attribution_dir, interventions_dir, out_html, features_html=None) -> None:
     """The attribution stage's graph page again, now that the interventions stage has run: each
     steered feature's card adds the tokens it promotes (interventions/steering.parquet), and
     the header the graph's own faithfulness and completeness as a circuit with the flags on the
-    interventions' numbers (interventions/summary.json). This is the copy the report shows."""
+    interventions' numbers (interventions/summary.json). This is the copy the report shows.
+    `features_html`: the feature browser's path (report/features.html), where each feature
+    links to its card; None: no links."""
     attr, iv = Path(attribution_dir), Path(interventions_dir)
     graph = inputs.json_of(attr / "graph.json", ("nodes", "edges"), "attribution", "graph")
     contexts = inputs.table_of(attr / "feature_contexts.parquet", (), "attribution", "contexts")
     steering = inputs.table_of(iv / "steering.parquet", (), "interventions", "steering table")
     summary = behaviour_page.read_summary(iv)
-    html = graph_html(graph, f"{name} circuit", contexts, steering, summary, flags(summary))
+    href = browser_href(out_html, features_html)
+    html = graph_html(graph, f"{name} circuit", contexts, steering, summary, flags(summary), href)
     write_text(out_html, html)
 
 

@@ -35,8 +35,11 @@ def context_key(layer: int, feature: int) -> str:
 
 
 def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts: list[str],
-               summary: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """What the page needs of one graph."""
+               summary: dict[str, Any], labels: dict[int, dict[int, str]] | None = None,
+               ) -> dict[str, Any]:  # fmt: skip
+    """What the page needs of one graph; a feature's label (its clerp) from `labels` (by layer,
+    then feature; empty where there is none) and its card's anchor in the feature browser."""
+    labels = labels or {}
     kinds = graph.kinds()
     node_cum = pruned.cumulative
     always = torch.tensor([k in ("token", "logit") for k in kinds])
@@ -55,7 +58,9 @@ def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts
         if kind == "feature":
             layer, _, feat = graph.features[i].tolist()
             node |= {"layer": layer, "feature": feat, "activation": float(graph.activations[i]),
-                     "context": context_key(layer, feat)}  # fmt: skip
+                     "context": context_key(layer, feat),
+                     "label": labels.get(layer, {}).get(feat, ""),
+                     "anchor": Node("feature", layer, feat, "mlp_out").anchor}  # fmt: skip
         elif kind == "error":
             node["layer"] = graph.write_layer(i)
         elif kind == "logit":
@@ -110,18 +115,24 @@ bottom, one band per layer above them (transcoder features as circles, error nod
 squares) and the behaviour's logit difference on top, each node in its position's column. Every
 edge is an exact direct effect; blue helps the answer, red hurts it, width grows with |weight|.
 The thresholds re-prune as circuit-tracer does: the most influential nodes (edges) until that
-share of the total influence on the logit is covered. Hover a node for its card, an edge for
-its weight and the attention heads that carry it between positions.</p>
+share of the total influence on the logit is covered. Hover a node for its card (a feature's
+with its label, made by the features stage from its top tokens), an edge for its weight and the
+attention heads that carry it between positions. Where the run has the feature browser
+(report/features.html), a click on a feature opens its card there.</p>
 """
 
 
 def page_html(title: str, graphs: list[dict[str, Any]], contexts: pd.DataFrame | None,
-              node_threshold: float, edge_threshold: float) -> str:  # fmt: skip
+              node_threshold: float, edge_threshold: float,
+              features_href: str | None = None) -> str:  # fmt: skip
+    """The page; `features_href`: the feature browser relative to it (page.browser_href),
+    where a click on a feature node opens its card; None: no links."""
     data = {
         "graphs": graphs,
         "contexts": feature_contexts(contexts),
         "node_threshold": node_threshold,
         "edge_threshold": edge_threshold,
+        "features_href": features_href,
     }
     script_data = json_text(data).replace("<", "\\u003c")
     head = (

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from circuitflow.attribution import contexts
 from circuitflow.attribution.config import AttributionConfig
+from circuitflow.attribution.page import browser_href
 from circuitflow.attribution.prompt_graphs import (
     files,
     heads,
@@ -99,11 +100,13 @@ def run(
     out_dir: Path | str,
     page_path: Path | str | None = None,
     feature_dirs: list[Path | str] = (),
+    features_html: Path | str | None = None,
 ) -> dict[str, Any]:
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
     summary.json, feature_contexts.parquet (the kept features' top contexts from the features
     stage's `feature_dirs`, which also label the features; empty without them); then
-    `page_path` (default: `out_dir` with .html), the page; return the summary."""
+    `page_path` (default: `out_dir` with .html), the page, whose feature nodes link their cards
+    in the feature browser `features_html` (none without); return the summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
@@ -184,7 +187,7 @@ def run(
             write_json(tmp / f"{slug}.json", content)
             written.append(content)
             rows.append({"prompt_id": int(row.prompt_id), "slug": slug, **summary})
-            pages.append(page.graph_data(graph, pruned, edge_heads, text, rows[-1]))
+            pages.append(page.graph_data(graph, pruned, edge_heads, text, rows[-1], labels))
             for i in torch.nonzero(pruned.node_mask[: graph.n_features]).flatten().tolist():
                 layer, _, feat = graph.features[i].tolist()
                 kept.setdefault(layer, set()).add(feat)
@@ -201,7 +204,9 @@ def run(
         write_parquet(tmp / CONTEXTS, found)
         title = f"{behaviour}: per-prompt attribution graphs"
         html = page.page_html(title, pages, found, cfg.prompt_graph_node_threshold,
-                              cfg.prompt_graph_edge_threshold)  # fmt: skip
+                              cfg.prompt_graph_edge_threshold,
+                              browser_href(page_path or out_dir.with_suffix(".html"),
+                                           features_html))  # fmt: skip
         result = {
             "behaviour": behaviour,
             "graphs": rows,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from circuitflow.features.write import read_labels
 from circuitflow.interventions import flags as fl
 from circuitflow.interventions.inputs import ATTRIBUTION_TABLES
 from circuitflow.report import inputs
@@ -293,13 +294,15 @@ def _head_sets_note(summary: dict) -> str:
 
 
 def behaviour_sections(
-    attr_dir: Path | str, iv_dir: Path | str, n: int = 15, prompt_graphs: Path | str | None = None
-) -> list:
+    attr_dir: Path | str, iv_dir: Path | str, n: int = 15, prompt_graphs: Path | str | None = None,
+    feature_dirs=(),
+) -> list:  # fmt: skip
     """Sections of a behaviour's page, what generalises first: its per-prompt graphs (with
     transcoders: `prompt_graphs`, their directory), the component circuit beside the feature
     circuit, held out beside selection; then the flags on its headline numbers, the
-    interventions' summary with controls, attribution's validation and top nodes, head
-    ablations (single and sets)."""
+    interventions' summary with controls, attribution's validation and top nodes (each SAE
+    feature with its label from the features stage's `feature_dirs`), head ablations (single
+    and sets)."""
     attr_dir, iv_dir = Path(attr_dir), Path(iv_dir)
     sections = []
     if prompt_graphs is not None:
@@ -328,7 +331,7 @@ def behaviour_sections(
             ("Attribution's validation against exact patching (attribution/graph.json)",
              validation_html(graph))
         )  # fmt: skip
-    sections += _attribution_sections(attr_dir, n)
+    sections += _attribution_sections(attr_dir, n, read_labels(feature_dirs))
     sections += _ablation_sections(iv_dir, summary, n)
     return sections
 
@@ -340,11 +343,26 @@ def _attribution_table(attr_dir: Path, name: str) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def _attribution_sections(attr_dir: Path, n: int) -> list[tuple[str, str]]:
-    """The top heads and SAE features by attribution, inert heads named and left out."""
+def with_labels(features: pd.DataFrame, labels: dict[tuple[str, int], dict[int, str]]):
+    """`features` with each feature's `label` (features.write.read_labels' `labels`): `error
+    term` for feature -1, empty where the features stage has no label."""
+
+    def label(r) -> str:
+        if int(r.feature) < 0:
+            return "error term"
+        return labels.get((r.site, int(r.layer)), {}).get(int(r.feature), "")
+
+    return features.assign(label=[label(r) for r in features.itertuples()])
+
+
+def _attribution_sections(
+    attr_dir: Path, n: int, labels: dict[tuple[str, int], dict[int, str]]
+) -> list[tuple[str, str]]:
+    """The top heads and SAE features by attribution (each with its label), inert heads named
+    and left out."""
     heads, left_out = _leave_out_inert(_attribution_table(attr_dir, "heads"), "score")
-    features = _attribution_table(attr_dir, "features")
-    feat_cols = ["site", "layer", "feature", "kind", "score", "rank"]
+    features = with_labels(_top(_attribution_table(attr_dir, "features"), n), labels)
+    feat_cols = ["site", "layer", "feature", "label", "kind", "score", "rank"]
     return [
         (
             f"Top {n} heads by attribution (attribution/heads.parquet)",
@@ -353,8 +371,11 @@ def _attribution_sections(attr_dir: Path, n: int) -> list[tuple[str, str]]:
         ),
         (
             f"Top {n} SAE features by attribution (attribution/features.parquet)",
-            note("feature -1 is the SAE's error term")
-            + table_html(_cols(_top(features, n), feat_cols)),
+            note(
+                "feature -1 is the SAE's error term; label: the features stage's, made from the "
+                "tokens the feature fires on and promotes (report/features.html has its card)"
+            )
+            + table_html(_cols(features, feat_cols)),
         ),
     ]
 
