@@ -176,9 +176,12 @@ def test_the_disk_plan_must_fit_the_free_disk_under_outdir():
         "101 GiB); 77 GiB free there"
     )
     # The small files' fixed 1 GiB allowance is not held against the disk: the embedded
-    # default's 72 MiB of planned files run where 100 MiB are free.
-    small = fit.Machine(memory=23 * GiB, free_disk=100 * 2**20, used_disk=0)
+    # default's 207 MiB of planned files (its SAEs' and transcoders' activations, 200 MiB) run
+    # where 300 MiB are free, and not where 150 MiB are.
+    small = fit.Machine(memory=23 * GiB, free_disk=300 * 2**20, used_disk=0)
     assert fit.disk_problem(resolved("config/config.yaml"), small) is None
+    smaller = fit.Machine(memory=23 * GiB, free_disk=150 * 2**20, used_disk=0)
+    assert fit.disk_problem(resolved("config/config.yaml"), smaller) is not None
     # Memory and walltime are another check's: they fit.
     assert fit.problem(config, declared_jobs(config), Cluster(), HERE) is None
     # A rerun writes only what is not there yet.

@@ -85,7 +85,7 @@ def test_a_corpus_too_small_for_the_streamed_budget_is_one_line(local_model, tmp
 
 # --- groups ---------------------------------------------------------------------------------------
 def test_the_embedded_model_streams_one_layer_a_job():
-    cfg = _with(EMBEDDED, source="stream")
+    cfg = _with(EMBEDDED, source="stream", kind="sae")  # its SAEs alone
     groups = stream_groups.stream_groups(cfg)
     assert [g.members for g in groups] == [(("resid_post", 0),), (("resid_post", 1),)]
     assert [g.name for g in groups] == ["resid_post_layer_0", "resid_post_layer_1"]

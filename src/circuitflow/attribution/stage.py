@@ -136,6 +136,7 @@ def write(
     model_cfg,
     cfg: AttributionConfig,
     behaviour: str,
+    labels: dict | None = None,
 ) -> None:
     for name, table in tables.items():
         write_parquet(out / f"{name}.parquet", table)
@@ -144,7 +145,7 @@ def write(
     )
     save_figure(out / "heads.png", heatmap)
     top = plots.top_features(
-        tables["features"], cfg.top_features_plot, f"{behaviour}: top SAE features"
+        tables["features"], cfg.top_features_plot, f"{behaviour}: top SAE features", labels
     )
     save_figure(out / "features.png", top)
     page = graph_html(graph, f"{behaviour} circuit", tables["feature_contexts"])
@@ -195,7 +196,8 @@ def attribute(
         "memory_plan": batch.describe(),
         "seconds": dict(ns.seconds),
     }
-    graph = build_graph(prompts, scored, cfg, meta, read_labels(feature_dirs))
+    labels = read_labels(feature_dirs)  # each feature's, from the features stage
+    graph = build_graph(prompts, scored, cfg, meta, labels)
     meta["seconds"]["total"] = time.perf_counter() - t0
     meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
     cost = ns.spliced.counter.summary(ns.n_prompts)
@@ -219,7 +221,7 @@ def attribute(
         "n_graph_nodes": len(graph["nodes"]),
         "n_graph_edges": len(graph["edges"]),
     }
-    write(Path(out_dir), tables, graph, summary, model.cfg, cfg, behaviour)
+    write(Path(out_dir), tables, graph, summary, model.cfg, cfg, behaviour, labels)
     log.info(
         "%s: %d prompts, spearman %s, %.2f s per prompt",
         behaviour,
