@@ -27,9 +27,10 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # workers with --dist loadgroup: the tests that read one run go to one worker, which computes
 # it first (the run's group is handed out first).
 SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
-# Modules that read a shared run from a second group, handed out last: a worker free by then
-# runs them beside the first group's tests instead of after them (the run itself is computed
-# once, by whichever worker asks first; the others wait for it: shared_run).
+# Modules that read a shared run from a second group, handed out right after the runs and the
+# longest test: its worker waits for the run (computed once, by whichever worker asks first:
+# shared_run), then runs them beside the first group's tests instead of after them. Handed out
+# last, the default run's late group ended up behind its first group (19:21 on 2 cores).
 LATE_READERS = {
     "tests/workflow/test_report_dag.py": "default-run-late",
     "tests/workflow/test_graph_page.py": "default-run-late",
@@ -49,21 +50,21 @@ LONGEST = ("tests/workflow/test_slurm.py::test_pipeline_on_local_slurm_and_wallt
 
 def pytest_collection_modifyitems(config, items):
     """Longest work first: `make test` runs xdist with --no-loadscope-reorder, which hands out
-    the tests in this order, so the shared runs and the long tests start at once and the unit
-    tests fill the workers' gaps; the late readers of the shared runs come last."""
+    the tests in this order, so the shared runs, the longest test and the shared runs' late
+    readers start at once and the unit tests fill the workers' gaps."""
 
     def rank(item) -> int:
         groups = {m.args[0] for m in item.iter_markers("xdist_group")}
         for i, group in enumerate(SHARED_RUNS.values()):
             if group in groups:
                 return i
-        if groups & LATE_GROUPS:
-            return len(SHARED_RUNS) + 3
         if item.nodeid.startswith(LONGEST):
             return len(SHARED_RUNS)
-        if groups or item.get_closest_marker("slow"):
+        if groups & LATE_GROUPS:
             return len(SHARED_RUNS) + 1
-        return len(SHARED_RUNS) + 2
+        if groups or item.get_closest_marker("slow"):
+            return len(SHARED_RUNS) + 2
+        return len(SHARED_RUNS) + 3
 
     items.sort(key=rank)  # stable: collection order within a rank
 
@@ -131,7 +132,7 @@ def default_results(tmp_path_factory, worker_id) -> Path:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config.pop("outdir")  # results go to this test's directory, not the checkout's results/
     return shared_run("default-run", tmp_path_factory, worker_id,
-                      lambda workdir: run_snakemake(config, workdir))  # fmt: skip
+                      lambda workdir: run_snakemake(config, workdir, nice=0))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -143,4 +144,4 @@ def small_results(tmp_path_factory, worker_id) -> Path:
         return Path(reuse)
     config = load_test_config("small")
     return shared_run("small-run", tmp_path_factory, worker_id,
-                      lambda workdir: run_snakemake(config, workdir))  # fmt: skip
+                      lambda workdir: run_snakemake(config, workdir, nice=0))  # fmt: skip

@@ -112,8 +112,11 @@ def shown_file(snippet: Snippet) -> str | None:
 
 def check_config(config: dict) -> None:
     """The checks a config passes before any job that need neither its files nor its model."""
+    from circuitflow.sae.config import resolve_kind
+
     config = copy.deepcopy(config)
     cf.validate_schema(config)
+    config["sae"]["kind"] = resolve_kind(config, cf.is_embedded(config))  # as config.resolve
     if cf.is_embedded(config) or config["model"]["n_layers"]:
         config["layers"] = cf.parse_layers(config["layers"], cf.model_n_layers(config))
     cf.check_cross_fields(config)

@@ -34,6 +34,7 @@ from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
 from circuitflow.description import describe
+from circuitflow.features import browser_plan
 from circuitflow.features import plan as features_plan
 from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
@@ -107,7 +108,7 @@ RULES = {
     "report_baseline": Rule("light", "report"),
     "report_behaviour": Rule("light", "report"),
     "report_provenance": Rule("light", "report"),
-    "report_features": Rule("light", "report"),
+    "report_features": Rule("light", "report", browser_plan),  # grows with the features
     "report_gpu_hours": Rule("light", "architectures"),  # TransformerLens's model configs
     "provenance_run": Rule("light", "base"),
     "job_costs": Rule("light", "report"),

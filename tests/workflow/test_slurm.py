@@ -26,6 +26,9 @@ from circuitflow import resources
 from circuitflow.cluster import Cluster
 from circuitflow.resources import GPU_RULES
 
+# Rules defined once per group of sites and layers, named `<rule>_<group>`.
+GROUPED_RULES = ("train_sae_stream", "pretrained_sae", "features")
+
 pytestmark = pytest.mark.slow
 TINY = load_test_config("tiny")
 
@@ -279,7 +282,9 @@ def test_another_cluster_is_one_profile_folder(tmp_path):
     for job in remote:
         line = sbatch_line(job)
         assert "-A lab-gpu" in line, line
-        if job["rule"] in GPU_RULES:
+        # A rule defined per group (features_layers_0_to_11) has its table row's name.
+        row = next((r for r in GROUPED_RULES if job["rule"].startswith(f"{r}_")), job["rule"])
+        if row in GPU_RULES:
             assert "-p gpu" in line and "--gres=gpu:1" in line, line
         else:
             assert "-p cpu" in line and "--gres" not in line, line

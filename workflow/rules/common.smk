@@ -278,7 +278,10 @@ def job_resources(rule, job=None, memory_by=None):
 def job_retries(rule, job=None):
     """retries: of a job that resumes from checkpoints on a cluster that caps walltime: as
     many as its attempts need to cover its planned work (circuitflow.resources.retries); None
-    (the profile's) elsewhere."""
+    (the profile's) elsewhere, and inside a cluster job: a retry is a new submission with its
+    own walltime, not a rerun in the allocation whose end sent SIGTERM."""
+    if not workflow.is_main_process:
+        return None
     return cf_resources.retries(config, rule, CLUSTER, job)
 
 

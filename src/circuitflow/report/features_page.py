@@ -208,11 +208,13 @@ the context was kept for.</p>
 
 
 def browser_html(
-    dictionaries: list[dict[str, Any]], vocab: dict[int, str], title: str = "Feature browser"
+    dictionaries: list[dict[str, Any] | str], vocab: dict[int, str], title: str = "Feature browser"
 ) -> str:
     """The page: title, dictionary tabs, controls, the table and the card, drawn by
-    features_page.js from the data (dictionary_data of each, and the vocab they filled)."""
-    data = _json_for_script({"dictionaries": dictionaries, "vocab": vocab})
+    features_page.js from the data (dictionary_data of each, or its _json_for_script text, and
+    the vocab they filled)."""
+    parts = [d if isinstance(d, str) else _json_for_script(d) for d in dictionaries]
+    data = '{"dictionaries": [' + ", ".join(parts) + '], "vocab": ' + _json_for_script(vocab) + "}"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_asset('features_page.css')}</style></head>"
@@ -238,8 +240,10 @@ def write_feature_browser(
     if not feature_dirs:
         raise InputError("feature browser: no feature directories given")
     vocab: dict[int, str] = {}
+    # Each dictionary's data as JSON text once built: its Python objects take about 14 times
+    # the memory, so only one dictionary's are alive at a time (features/browser_plan.py).
     dictionaries = [
-        dictionary_data(site, int(layer), folder, vocab, n_top, n_per_band)
+        _json_for_script(dictionary_data(site, int(layer), folder, vocab, n_top, n_per_band))
         for (site, layer), folder in sorted(feature_dirs.items(), key=lambda kv: kv[0][::-1])
     ]
     write_text(out_html, browser_html(dictionaries, dict(sorted(vocab.items())), title))

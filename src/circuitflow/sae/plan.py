@@ -60,7 +60,8 @@ def estimate_sae_training(
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
     it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
     A transcoder reads `n_files` = 2 files in lockstep (sae.transcoder.PairedActivationStream):
-    a buffer each, and its batch rows [input | target] are 2 d_in wide, split once more.
+    a buffer each, refilled one after the other (one refill's transient at a time), and its
+    batch rows [input | target] are 2 d_in wide, split once more.
     """
     from circuitflow.sae.architectures import get
 
@@ -74,7 +75,8 @@ def estimate_sae_training(
     block = max(1, min(chunk_rows, n_file_rows))
     rows = min(max(1, shuffle_buffer_rows // block) * block, n_file_rows)
     group = n_files * rows * d_in * 4
-    refill = n_files * rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)  # read, permuted, widened
+    # Read, permuted and widened: one file's buffer at a time (the pair refills in turn).
+    refill = rows * d_in * (2 * dtype_bytes(storage_dtype) + 4)
     cuda = device.startswith("cuda")
     optimiser = resident + int(SAE_OPTIMISER_COPIES * params)
     if cuda:
