@@ -16,6 +16,12 @@ def run() -> None:
     sub = cli.subcommands(parser)
     p = sub.add_parser("sae", help="SAE metrics per layer")
     p.add_argument("--saes", nargs="+", required=True, help="SAE directories")
+    p.add_argument(
+        "--features-dirs",
+        nargs="*",
+        default=[],
+        help="their features/{site}/layer_{layer}/ folders (dead and dense fractions)",
+    )
     cli.add_outputs(p, "csv", "html", "figure", "controller")
     p = sub.add_parser("baseline", help="baseline metrics of every behaviour")
     p.add_argument("--json", nargs="+", required=True, help="baseline/{behaviour}.json files")
@@ -69,7 +75,9 @@ def run() -> None:
     cli.add_outputs(p, "html")
     a, config = cli.parse(parser)
     if a.command == "sae":
-        stage.sae_summary(a.saes, a.out_csv, a.out_html, a.out_figure, a.out_controller)
+        stage.sae_summary(
+            a.saes, a.out_csv, a.out_html, a.out_figure, a.out_controller, a.features_dirs
+        )
     elif a.command == "baseline":
         stage.baseline(a.json, a.out_csv, a.out_html)
     elif a.command == "behaviour":

@@ -153,6 +153,27 @@ def test_feature_browser_of_every_dictionary_and_labels_in_the_tables(default_re
         assert r.label == expected and expected
 
 
+def test_sae_table_has_the_features_pass_fractions(default_results):
+    """sae_metrics.csv's features_dead_fraction and features_dense_fraction are the features
+    stage's, counted here from each dictionary's features.parquet (densities over one pass of
+    the same tokens, whatever the source)."""
+    import pandas as pd
+
+    table = pd.read_csv(default_results / "report" / "sae_metrics.csv")
+    assert len(table) == 4  # both layers' SAEs and transcoders
+    for row in table.itertuples():
+        stats = pd.read_parquet(
+            default_results / "features" / row.site / f"layer_{row.layer}" / "features.parquet"
+        )
+        threshold = json.loads(
+            (
+                default_results / "features" / row.site / f"layer_{row.layer}" / "summary.json"
+            ).read_text()
+        )["dense_threshold"]
+        assert row.features_dead_fraction == pytest.approx((stats["count"] == 0).mean())
+        assert row.features_dense_fraction == pytest.approx((stats["density"] > threshold).mean())
+
+
 def test_report_in_chromium(report_html, tmp_path):
     browser = chromium()
     steps = []

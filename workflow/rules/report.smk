@@ -5,7 +5,9 @@
 
 rule sae_summary:
     input:
-        sae_outputs(),
+        saes=sae_outputs(),
+        # Each dictionary's dead and dense fractions from the features stage's one pass.
+        features=features_outputs(),
     output:
         csv=f"{REPORT}/sae_metrics.csv",
         html=report(
@@ -38,7 +40,8 @@ rule sae_summary:
     resources:
         **job_resources("sae_summary"),
     shell:
-        stage("report") + " sae --saes {input} --out-csv {output.csv}"
+        stage("report") + " sae --saes {input.saes} --features-dirs {input.features}"
+        " --out-csv {output.csv}"
         " --out-html {output.html} --out-figure {output.figure}"
         " --out-controller {output.controller} 2> {log}"
 

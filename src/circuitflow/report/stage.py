@@ -33,15 +33,22 @@ def write_csv(path: Path | str, frame: pd.DataFrame) -> None:
     write_text(path, frame.to_csv(index=False))
 
 
-def sae_summary(sae_dirs, out_csv, out_html, out_figure, out_controller) -> pd.DataFrame:
+def sae_summary(
+    sae_dirs, out_csv, out_html, out_figure, out_controller, feature_dirs=()
+) -> pd.DataFrame:
     metrics = sae_page.read_sae_metrics(sae_dirs)
-    table = sae_page.sae_table(metrics)
+    fractions = sae_page.read_feature_fractions(feature_dirs) if feature_dirs else None
+    table = sae_page.sae_table(metrics, fractions)
     write_csv(out_csv, table)
     intro = (
         "One row per trained SAE (saes/{site}/layer_{layer}/metrics.json). l0: mean active "
         "latents per token; explained_variance of the activations; ce_loss_recovered: (CE "
         "zero-ablated - CE with the SAE) / (CE zero-ablated - clean CE); dead_fraction: latents "
-        "that never fired over the last dead_window_tokens."
+        "that never fired over the last dead_window_tokens (a published dictionary: over its "
+        "evaluation contexts); features_dead_fraction and features_dense_fraction: latents "
+        "that never fired, and that fired on more than features.dense_threshold of the tokens, "
+        "in the features stage's pass (the same tokens for every dictionary, whatever its "
+        "source)."
     )
     write_text(out_html, page("SAE metrics per layer", [("SAEs", table_html(table))], intro))
     save_figure(out_figure, sae_page.plot_sae_metrics(table))

@@ -1,5 +1,7 @@
 """The SAE page: metrics per site and layer (L0, explained variance, CE loss recovered, dead
-fraction) from every dictionary's metrics.json, and the L0 controller's history."""
+fraction) from every dictionary's metrics.json, the dead and dense fractions of the features
+stage's pass (one definition whatever the dictionary's source), and the L0 controller's
+history."""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ SAE_COLUMNS = [
     "device",
     "resumed",
 ]
+# From features/{site}/layer_{layer}/summary.json: the same pass over the same tokens for every
+# dictionary, trained or published (metrics.json's dead_fraction is its source's: training's
+# window, or a published dictionary's evaluation contexts).
+FEATURE_COLUMNS = {"features_dead_fraction": "dead_fraction",
+                   "features_dense_fraction": "dense_fraction"}  # fmt: skip
 
 
 def read_sae_metrics(sae_dirs: list[Path | str]) -> list[dict]:
@@ -40,9 +47,25 @@ def read_sae_metrics(sae_dirs: list[Path | str]) -> list[dict]:
     ]
 
 
-def sae_table(metrics: list[dict]) -> pd.DataFrame:
-    rows = [{c: m[c] for c in SAE_COLUMNS} for m in metrics]
-    frame = pd.DataFrame(rows, columns=SAE_COLUMNS)
+def read_feature_fractions(feature_dirs: list[Path | str]) -> dict[tuple[str, int], dict]:
+    """(site, layer) -> the features stage's dead and dense fractions of that dictionary."""
+    keys = ("site", "layer", *FEATURE_COLUMNS.values())
+    out = {}
+    for folder in feature_dirs:
+        s = inputs.json_of(Path(folder) / "summary.json", keys, "the features stage", "features")
+        out[(s["site"], int(s["layer"]))] = {c: s[k] for c, k in FEATURE_COLUMNS.items()}
+    return out
+
+
+def sae_table(metrics: list[dict], fractions: dict | None = None) -> pd.DataFrame:
+    """One row per dictionary; with `fractions` (read_feature_fractions) the features pass's
+    dead and dense fractions beside its own."""
+    columns = SAE_COLUMNS + (list(FEATURE_COLUMNS) if fractions else [])
+    rows = [
+        {c: m[c] for c in SAE_COLUMNS} | (fractions or {}).get((m["site"], int(m["layer"])), {})
+        for m in metrics
+    ]
+    frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values(["site", "layer"]).reset_index(drop=True)
 
 
