@@ -118,10 +118,26 @@ def estimate_attribution(
     )
 
 
+# A row of a features stage's contexts.parquet as the job holds it (its window's tokens and
+# activations, pandas' object columns): for the graph features' top contexts each spliced
+# dictionary's table is read in turn (attribution.contexts.top_contexts), the wanted rows kept.
+CONTEXT_ROW_BYTES = 1024
+
+
+def contexts_bytes(config: dict, run: Run) -> int:
+    """One contexts table, the widest spliced dictionary's: every feature's kept contexts (top
+    and quantile-sampled, features.plan.kept_rows)."""
+    from circuitflow.features.plan import kept_rows
+
+    f = config["features"]
+    return kept_rows(run.spliced_width, f["k"], f["samples"]) * CONTEXT_ROW_BYTES
+
+
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of an attribution job's work at `attribution.batch_size`, the kept gradients
-    of the largest behaviour's validation prompts included; a real model's load where that is
-    more. Every spliced SAE is planned at the widest one's width (the run's description)."""
+    of the largest behaviour's validation prompts included, and the features stage's contexts
+    tables it reads (contexts_bytes); a real model's load where that is more. Every spliced SAE
+    is planned at the widest one's width (the run's description)."""
     run = describe(config)
     n_params = run.model.n_params
     attr = config["attribution"]
@@ -131,7 +147,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
         run.model.cfg, n_params, run.prompt_length, len(run.spliced), d_sae,
         model_dtype(config, device), device, attr["method"], kept,
     )  # fmt: skip
-    work = est.host_peak(int(attr["batch_size"]))
+    work = est.host_peak(int(attr["batch_size"])) + contexts_bytes(config, run)
     return max(0 if run.model.embedded else load_bytes(n_params), work)
 
 
