@@ -29,6 +29,7 @@ from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_param_bytes
+from circuitflow.sae.stream_plan import StreamGroup
 from circuitflow.sites import dictionary_sites
 
 RULE = "features"
@@ -53,35 +54,16 @@ WINDOW_ENTRY_BYTES = 2 * 112 + 17 * 12 + 2 * 8
 
 
 # --- which dictionaries share a job ---------------------------------------------------------------
-@dataclass(frozen=True)
-class FeatureGroup:
-    """The dictionaries one features job reads: (site, layer) pairs, by layer."""
-
-    members: tuple[tuple[str, int], ...]
-
-    @property
-    def depth(self) -> int:
-        """stop_at_layer of the pass: the deepest member's layer + 1."""
-        return max(layer for _, layer in self.members) + 1
-
-    @property
-    def key(self) -> str:
-        """The group as the rule table reads it (`resid_post:0,mlp_out:0`)."""
-        return ",".join(f"{site}:{layer}" for site, layer in self.members)
+class FeatureGroup(StreamGroup):
+    """The dictionaries one features job reads: (site, layer) pairs, by layer. Its key, depth
+    and parsing are a streaming group's (the same (site, layer) members); only its name
+    differs."""
 
     @property
     def name(self) -> str:
         """Its rule's, log's and benchmark's name: `layer_3`, or `layers_0_to_3`."""
         first, last = self.members[0][1], self.members[-1][1]
         return f"layer_{first}" if first == last else f"layers_{first}_to_{last}"
-
-    @classmethod
-    def parse(cls, key: str) -> FeatureGroup:
-        members = []
-        for item in key.split(","):
-            site, _, layer = item.partition(":")
-            members.append((site, int(layer)))
-        return cls(tuple(members))
 
 
 def members(config: dict) -> list[tuple[str, int]]:
