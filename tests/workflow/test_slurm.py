@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -355,6 +356,24 @@ def _submitted(log: str) -> dict[str, list[str]]:
     return jobs
 
 
+def _shorten_once_training(train_log: Path, shortened: list) -> None:
+    """Once `train_log` shows training, shorten the running train_sae job's walltime by 2
+    minutes (its --signal=TERM@120 is then due at Slurm's next check) and append its job id
+    to `shortened`; returns when it has, or when the test appends "stop"."""
+    while not shortened:
+        if train_log.is_file() and "Training SAE" in train_log.read_text(errors="replace"):
+            running = subprocess.run(
+                ["squeue", "-h", "-t", "R", "-o", "%i %k"], capture_output=True, text=True
+            ).stdout.split("\n")
+            jobs = [line.split()[0] for line in running if " rule_train_sae" in line]
+            if jobs:
+                subprocess.run(["scontrol", "update", f"JobId={jobs[0]}", "TimeLimit-=2"],
+                               check=True, capture_output=True)  # fmt: skip
+                shortened.append(jobs[0])
+                return
+        time.sleep(1)
+
+
 # The profile's first status check comes 20 s after a submission and each check that finds
 # nothing finished waits 10 s longer (up to 3 minutes): right for hour-long CSD3 jobs, mostly
 # idle waiting for these seconds-long ones. Only the polling differs from the profile.
@@ -375,9 +394,10 @@ SLURM_TINY = {
 def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     """The DAG through SAE training and the baseline goes through sbatch (sacct: COMPLETED,
     right partition and account; GPU and CPU rules both), one job per SAE layer; then a
-    train_sae job with too short a walltime is stopped by Slurm, checkpoints on SIGTERM, and its
-    retry resumes and finishes. The later rules get their resources from the same helper (the
-    CSD3 dry run checks every rule's). About 7 minutes on 2 cores."""
+    train_sae job whose walltime runs out while it trains (shortened once it has started) is
+    signalled by Slurm, checkpoints on SIGTERM, and its retry (a longer walltime) resumes and
+    finishes. The later rules get their resources from the same helper (the
+    CSD3 dry run checks every rule's). About 6 minutes on 2 cores."""
     workdir = tmp_path / "run"
     results = workdir / "results"
     targets = [results / "saes" / "resid_post" / f"layer_{n}" for n in (0, 1)]
@@ -405,33 +425,41 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
         assert all(states[i][1] == partition for i in job_ids), (key, states)
         assert all(states[i][2] == "circuitflow-test" for i in job_ids)
 
-    # Walltime: layer 1 again, with more tokens than fit before the first attempt's SIGTERM:
-    # a 4-minute walltime with --signal=TERM@120 signals it 1.5-2.5 minutes in (Slurm checks
-    # limits every 30 s; a 3-minute walltime sometimes signalled it before training had
-    # started). Tokens/s vary tenfold with the load, so size the run from the first SAE's speed:
-    # 300 s of it (that short run overstates the speed, about 1.3x, so the work is longer; the
-    # signal comes at most 150 s in; 200 s once finished first under a loaded suite, when the
-    # first SAE had trained slower than this one). train_sae checkpoints and exits 75; attempt
-    # 2 resumes.
+    # Walltime: layer 1 again, with a 4-minute walltime (--signal=TERM@120 would signal it 2 to
+    # 2.5 minutes in: Slurm checks limits every 30 s). Tokens/s vary tenfold with the load and
+    # start-up under a loaded suite can take a minute, so instead of sizing the work to outlast a
+    # fixed signal, the test shortens the running job's walltime by 2 minutes (scontrol, as an
+    # operator would) once its log shows training: the signal then comes within ~30 s. The work
+    # is 120 s of the first SAE's speed (which that short run overstates, about 1.3x), so it is
+    # still training then. train_sae checkpoints and exits 75; attempt 2 resumes.
     sae_dir = results / "saes" / "resid_post" / "layer_1"
     speed = json.loads((sae_dir / "metrics.json").read_text())["tokens_per_s"]
-    tokens = max(200_000, int(speed * 300) // 512 * 512)
+    tokens = max(100_000, int(speed * 120) // 512 * 512)
     shutil.rmtree(sae_dir)
     cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": tokens}}
+    train_log = results / "logs" / "train_sae" / "resid_post_layer_1.log"
+    train_log.unlink(missing_ok=True)
+    shortened = []
+    watcher = threading.Thread(target=_shorten_once_training, args=(train_log, shortened))
+    watcher.start()
     t0 = time.monotonic()
-    done = run_snakemake(
-        cfg,
-        workdir,
-        "--profile",
-        "profiles/local-slurm",
-        *FAST_POLL,
-        str(sae_dir),
-        # Only the missing SAE: not whatever else a code edit since the first run touched.
-        "--rerun-triggers",
-        "mtime",
-        "--set-resources",
-        "train_sae:runtime=4 if attempt == 1 else 30",
-    )
+    try:
+        done = run_snakemake(
+            cfg,
+            workdir,
+            "--profile",
+            "profiles/local-slurm",
+            *FAST_POLL,
+            str(sae_dir),
+            # Only the missing SAE: not whatever else a code edit since the first run touched.
+            "--rerun-triggers",
+            "mtime",
+            "--set-resources",
+            "train_sae:runtime=4 if attempt == 1 else 30",
+        )
+    finally:
+        shortened.append("stop")
+        watcher.join()
     print(f"walltime run: {time.monotonic() - t0:.0f} s")
     log = done.stdout + done.stderr
     ids = _submitted(log)["rule_train_sae/resid_post_1"]
@@ -439,10 +467,10 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     states = _sacct(ids)
     assert states[ids[0]][0] in ("FAILED", "TIMEOUT"), states
     assert states[ids[1]][0] == "COMPLETED", states
+    assert shortened[0] == ids[0], (shortened, ids)
     metrics = json.loads((sae_dir / "metrics.json").read_text())
     assert metrics["resumed"] is True, metrics
-    train_log = (results / "logs" / "train_sae" / "resid_post_layer_1.log").read_text()
-    assert "resumed from" in train_log
+    assert "resumed from" in train_log.read_text()
 
 
 if __name__ == "__main__":
