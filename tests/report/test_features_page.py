@@ -178,7 +178,7 @@ def test_index_lists_every_dictionary_and_links_its_page(run):
 
 
 def test_index_sends_an_old_address_on_to_its_card(run, tmp_path):
-    """`features.html#resid_post.0.f3` (the single page's address) lands on feature 3's card on
+    """`features.html#resid_post.0.fN` (the single page's address) lands on feature N's card on
     resid_post layer 0's page."""
     feature = live_feature(run, 0)
     anchor = Node("feature", 0, feature, "resid_post").anchor

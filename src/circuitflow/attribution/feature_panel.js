@@ -56,5 +56,7 @@ function featureBrowser(href) {
     ev.stopPropagation();
     hide();
   });
-  return { available: root !== null, href: cardHref, open: open, close: hide };
+  // Where the page's own room ends on the right: the panel's left edge while it is open.
+  const edge = () => (panel.hidden ? window.innerWidth : panel.getBoundingClientRect().left);
+  return { available: root !== null, href: cardHref, open: open, close: hide, edge: edge };
 }

@@ -564,11 +564,11 @@
     card.replaceChildren(...parts);
     card.dataset.node = n.id;
     card.hidden = false;
-    // Beside the node, inside the window.
+    // Beside the node, inside the window (left of the feature panel when it is open).
     const box = g.querySelector("circle").getBoundingClientRect();
     const w = card.offsetWidth, h = card.offsetHeight;
     let left = box.right + 12;
-    if (left + w > window.innerWidth - 8) left = Math.max(8, box.left - w - 12);
+    if (left + w > BROWSER.edge() - 8) left = Math.max(8, box.left - w - 12);
     const top = Math.min(Math.max(8, box.top - 8), Math.max(8, window.innerHeight - h - 8));
     card.style.left = left + "px";
     card.style.top = top + "px";

@@ -103,7 +103,7 @@
   function showCard(evt, parts) {
     card.replaceChildren(...parts);
     card.hidden = false;
-    const x = Math.min(evt.clientX + 14, window.innerWidth - 420);
+    const x = Math.min(evt.clientX + 14, BROWSER.edge() - 420);
     card.style.left = x + "px";
     card.style.top = Math.min(evt.clientY + 14, window.innerHeight - 200) + "px";
   }
