@@ -20,7 +20,7 @@ def run() -> None:
         help="features/mlp_out/layer_N: each feature's label and top contexts",
     )
     parser.add_argument(
-        "--features-html", help="report/features.html: the page links each feature's card there"
+        "--features-html", help="report/features.html: the page opens each feature's card beside it"
     )
     parser.add_argument("--out-dir", required=True, help="attribution/{behaviour}/prompt_graphs")
     parser.add_argument("--page", help="the page (default: --out-dir with .html)")

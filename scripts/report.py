@@ -4,8 +4,9 @@ and the L0 controller), `baseline` (every behaviour's baseline metrics), `behavi
 attribution nodes, faithfulness and completeness with controls, head ablations; and the
 attribution graph's page with the steering results), `provenance`
 (the reproducibility checklist), `gpu_hours` (GPU-hours of a full run from the GPU benchmark
-suite's results), `job_costs` (wall time, memory and GPU-hours of every job) and `features`
-(the feature browser of every dictionary). HTML pages for the report, CSVs beside them."""
+suite's results), `job_costs` (wall time, memory and GPU-hours of every job), `features` (a
+dictionary's page of the feature browser) and `features_index` (the browser's index of every
+dictionary). HTML pages for the report, CSVs beside them."""
 
 from circuitflow import cli
 from circuitflow.report import features_page, stage
@@ -36,7 +37,9 @@ def run() -> None:
         "--features-dirs", nargs="*", default=[], help="features/{site}/layer_{layer}: labels"
     )
     p.add_argument(
-        "--features-html", default=None, help="report/features.html: the graph page links to it"
+        "--features-html",
+        default=None,
+        help="report/features.html: the graph page links each feature to its card beside it",
     )
     p.add_argument("--top", type=int, default=15, help="rows per table")
     cli.add_outputs(p, "html")
@@ -61,10 +64,8 @@ def run() -> None:
     p.add_argument("--outdir", required=True, help="results directory (holds benchmarks/)")
     p.add_argument("--environment", required=True, help="provenance/environment.json")
     cli.add_outputs(p, "csv", "html", "figure")
-    p = sub.add_parser("features", help="the feature browser of every dictionary")
-    p.add_argument(
-        "--features-dirs", nargs="+", required=True, help="features/{site}/layer_{layer} folders"
-    )
+    p = sub.add_parser("features", help="a dictionary's page of the feature browser")
+    p.add_argument("--features-dir", required=True, help="its features/{site}/layer_{layer} folder")
     p.add_argument("--n-top", type=int, default=features_page.N_TOP, help="top contexts shown")
     p.add_argument(
         "--n-per-band",
@@ -72,7 +73,12 @@ def run() -> None:
         default=features_page.N_PER_BAND,
         help="quantile-sampled contexts shown per band",
     )
-    cli.add_outputs(p, "html")
+    cli.add_outputs(p, "html", html="report/features/{site}/layer_{layer}.html")
+    p = sub.add_parser("features_index", help="the feature browser's index of every dictionary")
+    p.add_argument(
+        "--features-dirs", nargs="+", required=True, help="features/{site}/layer_{layer} folders"
+    )
+    cli.add_outputs(p, "html", html="report/features.html")
     a, config = cli.parse(parser)
     if a.command == "sae":
         stage.sae_summary(
@@ -96,7 +102,9 @@ def run() -> None:
             a.suite, config, a.reference_config, a.out_csv, a.out_html, a.gpu, a.max_runtime or None
         )
     elif a.command == "features":
-        features_page.write_feature_browser_of(a.features_dirs, a.out_html, a.n_top, a.n_per_band)
+        features_page.write_dictionary_page(a.features_dir, a.out_html, a.n_top, a.n_per_band)
+    elif a.command == "features_index":
+        features_page.write_index(a.features_dirs, a.out_html)
     else:
         stage.job_costs(config, a.outdir, a.environment, a.out_csv, a.out_html, a.out_figure)
 

@@ -81,6 +81,8 @@ def _job_peak_mb(path: Path, results: Path) -> float:
     log = results / "logs" / rel  # the report's rules log under logs/report/
     if rel.parts[0].startswith("report_") or rel.parts[0] in ("job_costs.log", "sae_summary.log"):
         name = Path(*rel.parts[1:]) if len(rel.parts) > 1 else rel.name.removeprefix("report_")
+        if rel.parts[0] == "report_features_dictionary":  # a dictionary's page
+            name = Path("features", name)
         log = results / "logs" / "report" / name
     peak = float(read_benchmark(path)["max_rss"])
     if log.is_file():
@@ -126,8 +128,11 @@ def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
     for path in sorted(bench.rglob("*.tsv")):
         rule = _job_rule(path, bench)
         measured = _job_peak_mb(path, default_results)
-        # train_sae plans each job by its site (an SAE, or at mlp_out a transcoder).
+        # train_sae plans each job by its site (an SAE, or at mlp_out a transcoder), a
+        # dictionary's page of the feature browser by its dictionary (site.layer).
         job = path.stem.rsplit("_layer_", 1)[0] if rule == "train_sae" else None
+        if rule == "report_features_dictionary":
+            job = ".".join(path.stem.rsplit("_layer_", 1))
         planned = resources.job_peak_bytes(config, rule, "cpu", job) / 2**20
         checked.add(rule)
         if not 0.75 <= planned / measured <= 1.25:

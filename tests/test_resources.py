@@ -314,3 +314,28 @@ def test_walltimes_read_the_rates_measured_on_the_profiles_gpu(tmp_path):
     # A result file for another GPU, or a smoke run, is not read.
     (tmp_path / "gpu_suite-x-cuda.json").write_text(json.dumps({**suite, "mode": "small"}))
     assert measured.rule_rates("H200", "attribution", "gpt2-small", tmp_path) is None
+
+
+def test_feature_browser_plans_each_dictionary_page_alone():
+    """A dictionary's page of the feature browser (report_features_dictionary) plans its own
+    features only, whatever the run's other dictionaries: at GPT-2 small's 12 SAEs of 24,576
+    latents, 1.06 GiB of work a job where the single page of all 12 planned 6.1 GiB."""
+    from circuitflow.description import describe
+    from circuitflow.features import browser_plan as plan
+
+    rule = "report_features_dictionary"
+    cfg = cf_config.resolve(yaml.safe_load((REPO / "config" / "gpt2-small.yaml").read_text()))
+    dictionaries = describe(cfg).dictionaries
+    assert len(dictionaries) == 12 and {d.width for d in dictionaries} == {24_576}
+    one = plan.FIXED_BYTES + 24_576 * (plan.TEXT_BYTES_PER_FEATURE + plan.BUILD_BYTES_PER_FEATURE)
+    for d in dictionaries:
+        assert plan.job_bytes(cfg, rule, "cpu", f"{d.site}.{d.layer}") == one
+    assert plan.job_bytes(cfg, rule, "cpu") == one  # the widest page: what the fit is checked on
+    fewer = copy.deepcopy(cfg) | {"layers": cfg["layers"][:2]}
+    assert plan.job_bytes(fewer, rule, "cpu", f"{dictionaries[0].site}.{dictionaries[0].layer}") \
+        == one  # fmt: skip
+    assert resources.mem_mb(cfg, rule, 1, "resid_post.3") == math.ceil(
+        resources.job_peak_bytes(cfg, rule, "cpu", "resid_post.3") * resources.MEM_HEADROOM / 2**20
+    )
+    with pytest.raises(KeyError, match="no dictionary 'resid_post.99'"):
+        plan.job_bytes(cfg, rule, "cpu", "resid_post.99")

@@ -65,6 +65,18 @@ def dictionary_anchor(site: str, layer: int) -> str:
     return f"{site}.{int(layer)}"
 
 
+# The report's feature browser: this index (report/features.html) lists every dictionary and
+# links to its page, dictionary_page, relative to the index's folder.
+BROWSER_INDEX = "features.html"
+
+
+def dictionary_page(site: str, layer: int) -> str:
+    """A dictionary's page of the report's feature browser, relative to the browser's index
+    (report/features.html): `features/resid_post/layer_1.html`. The one place the layout is
+    spelled: the report writes the pages here and every graph page links its features here."""
+    return f"features/{site}/layer_{int(layer)}.html"
+
+
 @dataclass(frozen=True, order=True)
 class Node:
     """One node. `layer` is -1 for the embedding; `index` the head or feature, else -1; `site`
@@ -125,10 +137,17 @@ class Node:
 
     @property
     def anchor(self) -> str:
-        """A feature's card in the report's feature browser: `features.html#<anchor>`."""
+        """A feature's card on its dictionary's page of the report's feature browser
+        (`resid_post.1.f355`; the page: `card`)."""
         if self.kind != "feature":
             raise ValueError(f"only a feature has a card in the feature browser, not {self.id}")
         return f"{dictionary_anchor(self.site, self.layer)}.f{self.index}"
+
+    @property
+    def card(self) -> str:
+        """A feature's card relative to the feature browser's index (report/features.html):
+        `features/resid_post/layer_1.html#resid_post.1.f355`."""
+        return f"{dictionary_page(self.site, self.layer)}#{self.anchor}"
 
     @property
     def order(self) -> float:

@@ -108,7 +108,9 @@ RULES = {
     "report_baseline": Rule("light", "report"),
     "report_behaviour": Rule("light", "report"),
     "report_provenance": Rule("light", "report"),
-    "report_features": Rule("light", "report", browser_plan),  # grows with the features
+    # the feature browser: a page per dictionary (grows with its features), and their index
+    "report_features_dictionary": Rule("light", "report", browser_plan),
+    "report_features": Rule("light", "report"),
     "report_gpu_hours": Rule("light", "architectures"),  # TransformerLens's model configs
     "provenance_run": Rule("light", "base"),
     "job_costs": Rule("light", "report"),

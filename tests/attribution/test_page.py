@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,7 +24,7 @@ from circuitflow.attribution.page import browser_href, graph_html, page_data, ro
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.flags import flags, flags_of
 from circuitflow.interventions.stage import intervene
-from circuitflow.nodes import Node
+from circuitflow.nodes import Node, dictionary_page
 from circuitflow.report import stage as report_stage
 
 
@@ -56,6 +57,7 @@ def run(tmp_path_factory):
         summary=summary,
         report_page=report_page,
         features=[n["id"] for n in graph["nodes"] if n["kind"] == "feature"],
+        feature_dirs=feature_dirs,
     )
 
 
@@ -179,7 +181,7 @@ def test_stage_page_in_chromium(run, tmp_path):
         assert [feature, "logit"] in click["edges_on"]
     assert found["cleared"]
     # Each feature's label from graph.json (the features stage's); no link: the stage's page
-    # is written before the feature browser.
+    # is written before the feature browser, so a click on a feature opens no card.
     labels = {n["id"]: n["label"] for n in run.graph["nodes"] if n["kind"] == "feature"}
     assert all(labels.values()) and found["features"]
     for f in found["features"]:
@@ -187,24 +189,47 @@ def test_stage_page_in_chromium(run, tmp_path):
         assert f["href"] is None
         assert f["text"] == full or (f["text"].endswith("…") and full.startswith(f["text"][:-1]))
     assert card["label"] == f"label: {labels[feature]}" and card["link"] is None
+    assert click["panel"]["hidden"] and click["panel"]["src"] is None
 
 
-def test_features_show_their_labels_and_link_the_browser(run, tmp_path):
+def browser_page_of(page, href: str) -> tuple[dict, str]:
+    """The feature browser's dictionary page a graph page's link `href` (relative to `page`)
+    lands on (its embedded data) and the link's anchor."""
+    target, _, anchor = href.partition("#")
+    text = (page.parent / target).read_text()
+    return json.loads(re.search(r'id="feature-data">(.*?)</script>', text, re.S)[1]), anchor
+
+
+def test_features_show_their_labels_and_open_their_cards(run, tmp_path):
     """Each feature's text is its index and its graph.json label (cut with "…" past
     TEXT_MAX, its column widened for it without an edge crossing a label), its card shows the
-    label whole, and its text and card link its card in the feature browser."""
+    label whole, and a click on the feature (its disk or its text) highlights its paths and
+    opens its card from its own dictionary's page of the feature browser in the panel."""
+    from circuitflow.report.features_page import write_dictionary_page, write_index
+
     feats = [n for n in run.graph["nodes"] if n["kind"] == "feature"]
     labels = {n["id"]: f'fires on "<t{n["index"]}>" & co' for n in feats}
     long = feats[0]["id"]
     labels[long] = "fires on " + " / ".join(f'"w{k}"' for k in range(30))
     nodes = [n | {"label": labels[n["id"]]} if n["id"] in labels else n for n in run.graph["nodes"]]
+    # The browser as the report writes it: an index and a page per dictionary beside it.
+    index = tmp_path / "report" / "features.html"
+    for folder in run.feature_dirs:
+        site, layer = Path(folder).parent.name, int(Path(folder).name.removeprefix("layer_"))
+        write_dictionary_page(folder, index.parent / dictionary_page(site, layer))
+    write_index(run.feature_dirs, index)
     page = tmp_path / "report" / "b" / "graph.html"
     page.parent.mkdir(parents=True)
-    href = browser_href(page, tmp_path / "report" / "features.html")
-    assert href == "../features.html"
+    href = browser_href(page, index)
+    assert href == "../"
     page.write_text(graph_html(run.graph | {"nodes": nodes}, "b", run.contexts,
                                features_href=href))  # fmt: skip
-    found = check_page(chromium(), page, tmp_path, hover=long, edge_share=0.5, node_share=1)
+    # Graph features from two dictionaries: each link must find its own dictionary's page.
+    other = next(
+        n["id"] for n in feats if (n["site"], n["layer"]) != (feats[0]["site"], feats[0]["layer"])
+    )
+    found = check_page(chromium(), page, tmp_path, hover=long, click=long, click_text=other,
+                       edge_share=0.5, node_share=1)  # fmt: skip
     assert found["errors"] == []
     drawn = {f["id"]: f for f in found["features"]}
     assert set(drawn) == set(labels)
@@ -214,13 +239,32 @@ def test_features_show_their_labels_and_link_the_browser(run, tmp_path):
             assert text.endswith("…") and full.startswith(text[:-1]) and len(text) < len(full)
         else:
             assert text == full
-        assert drawn[node_id]["href"] == f"../features.html#{Node.parse(node_id).anchor}"
+        node = Node.parse(node_id)
+        assert drawn[node_id]["href"] == f"../features/{node.site}/layer_{node.layer}.html" \
+            f"#{node.anchor}"  # fmt: skip
+        # The page it lands on holds this feature's dictionary, and only that one.
+        data, anchor = browser_page_of(page, drawn[node_id]["href"])
+        assert data["dictionary"]["key"] == f"{node.site}.{node.layer}"
+        assert anchor == node.anchor and node.index in data["dictionary"]["features"]["feature"]
     for state in ("initial", "after_edge", "after_node"):
         geometry = found[f"{state}_geometry"]
         assert geometry["crossings"] == [] and geometry["over_labels"] == [], (state, geometry)
     card = found["hover"]
     assert card["label"] == f"label: {labels[long]}"
-    assert card["link"] == f"../features.html#{Node.parse(long).anchor}"
+    assert card["link"] == drawn[long]["href"]
+    # A click on the feature's disk: its paths lit, and its card in the panel (with a link to
+    # open it in a new tab); clearing the selection closes the panel.
+    click = found["click"]
+    assert click["card_node"] == long and long in click["nodes_on"]
+    assert not click["panel"]["hidden"]
+    assert click["panel"]["src"] == click["panel"]["tab"] == drawn[long]["href"]
+    assert labels[long] in click["panel"]["title"]
+    assert found["cleared"] and found["panel_after_clear"]["hidden"]
+    # A click on another dictionary's feature's text: the same, with that dictionary's page.
+    by_text = found["click_text"]
+    assert by_text["hit_text"] and by_text["selected"] == [other] and by_text["card_node"] == other
+    assert not by_text["panel"]["hidden"] and by_text["panel"]["src"] == drawn[other]["href"]
+    assert drawn[other]["href"].split("#")[0] != drawn[long]["href"].split("#")[0]
 
 
 def test_report_page_adds_steering(run, tmp_path):

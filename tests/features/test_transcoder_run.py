@@ -91,7 +91,8 @@ def test_prompt_graphs_take_labels_and_contexts_from_the_stage(run):
     for node in feats:
         layer, feat, _ = map(int, node["node_id"].split("_"))
         assert node["clerp"] == labels[feat] and node["clerp"]
-    # The page: each drawn feature's card shows its clerp; a click opens its browser card.
+    # The page: each drawn feature's card shows its clerp; a click opens its card from its
+    # transcoder's page of the feature browser in the panel beside the graph.
     from helpers.chromium import chromium
     from helpers.graph_page import PROMPT_CHECKS_JS, check_page
 
@@ -101,7 +102,9 @@ def test_prompt_graphs_take_labels_and_contexts_from_the_stage(run):
     for f in seen["features"]:
         feat = int(f["title"].split("#")[1].split()[0])
         assert f["label"] == f"label: {labels[feat]}"
-        assert f["href"] == f"report/features.html#mlp_out.0.f{feat}"
+        assert f["href"] == f"report/features/mlp_out/layer_0.html#mlp_out.0.f{feat}"
+        assert not f["panel"]["hidden"] and f["panel"]["src"] == f["panel"]["tab"] == f["href"]
+        assert f["panel_hidden_after_escape"]
     found = pd.read_parquet(graphs / "feature_contexts.parquet")
     ours = pd.read_parquet(out / "contexts.parquet").query("kind == 'top' and rank < 2")
     kept = {int(n["node_id"].split("_")[1]) for n in feats}

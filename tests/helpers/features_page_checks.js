@@ -1,6 +1,6 @@
 // Injected after the feature browser's own script by tests/helpers/graph_page.py (with_checks).
 // Reads the card the page's address opened, sorts and searches as a reader would, clicks a row
-// and follows an anchor into another dictionary, and leaves the findings as JSON in
+// and follows an anchor into another dictionary's page, and leaves the findings as JSON in
 // <body data-checks>. The test's settings replace CONFIG: {sorts: [[key, descending]],
 // header: key, searches: [[mode, query]], click: feature, follow: anchor}.
 (function () {
@@ -61,8 +61,6 @@
 
   async function run() {
     const out = { errors: window.__errors };
-    out.tabs = [...document.querySelectorAll("#dictionaries button")].map((b) => b.dataset.key);
-    out.active_tab = document.querySelector("#dictionaries button.on").dataset.key;
     out.opened = card();
     out.initial = rows();
     out.counts = byId("counts").textContent;
@@ -97,9 +95,9 @@
     }
     if (config.follow) {
       await hashChanged(() => { location.hash = config.follow; });
-      out.followed = { hash: location.hash, card: card(),
-                       active_tab: document.querySelector("#dictionaries button.on").dataset.key,
-                       rows: rows().length };
+      const link = byId("card").querySelector("a.elsewhere");
+      out.followed = { hash: location.hash, card: card(), rows: rows().length,
+                       elsewhere: link ? link.getAttribute("href") : null };
     }
     document.body.setAttribute("data-checks", JSON.stringify(out));
   }

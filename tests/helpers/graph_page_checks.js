@@ -1,7 +1,7 @@
 // Injected after graph.html's own script by tests/helpers/graph_page.py. Reads what the page
 // drew from the DOM, hovers and clicks nodes and moves the thresholds as a reader would, and
 // leaves the findings as JSON in <body data-checks>. The test's settings replace CONFIG:
-// {hover, click, edge_share, node_share, pose}.
+// {hover, click, click_text, edge_share, node_share, pose}.
 (function () {
   const config = CONFIG;
   const svg = document.getElementById("graph");
@@ -81,14 +81,20 @@
     };
   }
 
-  // Each drawn feature: the text above it and where its text links (the feature browser).
+  // Each drawn feature: the text above it and where its card is (the feature browser).
   function features() {
     return [...svg.querySelectorAll(".node")].filter((g) => g.dataset.id.startsWith("feature."))
-      .map((g) => {
-        const a = g.querySelector("a.browser");
-        return { id: g.dataset.id, text: g.querySelector("text").textContent,
-                 href: a ? a.getAttribute("href") : null };
-      });
+      .map((g) => ({ id: g.dataset.id, text: g.querySelector("text").textContent,
+                     href: g.dataset.card || null }));
+  }
+
+  // The panel a click on a feature opens: shown or not, the card its frame loads, its link.
+  function panel() {
+    const p = document.getElementById("feature-panel");
+    if (!p) return null;
+    return { hidden: p.hidden, src: p.querySelector("iframe").getAttribute("src"),
+             tab: p.querySelector("a.browser").getAttribute("href"),
+             title: p.querySelector(".title").textContent };
   }
 
   // The open card's label line and its link to the feature browser.
@@ -139,9 +145,24 @@
         edges_on: [...svg.querySelectorAll(".edge.on")].map((p) =>
           [p.dataset.source, p.dataset.target]),
         card_node: card.dataset.node,
+        panel: panel(),
       };
       svg.dispatchEvent(new MouseEvent("click", { bubbles: true }));
       out.cleared = svg.querySelectorAll(".edge.on, .node.on").length === 0 && card.hidden;
+      out.panel_after_clear = panel();
+    }
+    if (config.click_text) {
+      // A click where a feature's text is drawn (not its disk), on whatever the page's hit
+      // testing finds there: the same as a click on the node.
+      const text = node(config.click_text).querySelector("text");
+      text.scrollIntoView({ block: "center", inline: "center" });
+      const box = text.getBoundingClientRect();
+      const hit = document.elementFromPoint(box.x + box.width / 2, box.y + box.height / 2);
+      hit.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+      out.click_text = { hit_text: hit === text, card_node: card.dataset.node,
+        selected: [...svg.querySelectorAll(".node.selected")].map((g) => g.dataset.id),
+        panel: panel() };
+      svg.dispatchEvent(new MouseEvent("click", { bubbles: true }));
     }
     slide("edge-threshold", config.edge_share);
     out.after_edge_threshold = visible();

@@ -52,10 +52,18 @@
       out.scores = document.getElementById("scores").textContent;
       const feature = svg.querySelector("g.node.feature");
       out.feature_card = feature ? hover(feature) : null;
-      // Every drawn feature: its card's title and label, and where a click on it goes.
+      // Every drawn feature: its card's title and label, where its card is in the feature
+      // browser, and what a click on it opened in the panel beside the graph.
+      const panel = () => document.getElementById("feature-panel");
       out.features = [...svg.querySelectorAll("g.node.feature")].map((g) => {
-        const a = g.closest("a.browser");
-        return Object.assign(hover(g), { href: a ? a.getAttribute("href") : null });
+        const seen = Object.assign(hover(g), { href: g.dataset.card || null });
+        g.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+        const frame = panel().querySelector("iframe");
+        seen.panel = { hidden: panel().hidden, src: frame.getAttribute("src"),
+                       tab: panel().querySelector("a.browser").getAttribute("href") };
+        document.dispatchEvent(new KeyboardEvent("keydown", { key: "Escape" }));
+        seen.panel_hidden_after_escape = panel().hidden;
+        return seen;
       });
       const carried = [...svg.querySelectorAll("path.edge")].find((p) => +p.dataset.heads > 0);
       out.edge_card = carried ? hover(carried) : null;

@@ -3,7 +3,7 @@ logits, labels, write) run on the embedded default's architecture and language w
 on each layer's resid_post, then the page written from the folders and looked at in headless
 Chromium: no JavaScript errors, sorting and search against pandas on the Parquet files, a card's
 histogram, contexts (each token's shading against its activation in contexts.parquet) and logit
-table, and the anchors that open a card."""
+table, the anchors that open a card, and the index of every dictionary's page."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers.chromium import chromium
+from helpers.chromium import browse, chromium
 from helpers.dag import REPO
 from helpers.dictionaries import build
 from helpers.graph_page import check_page
@@ -28,11 +28,12 @@ from circuitflow.features import logits, write
 from circuitflow.features.collect import Collector
 from circuitflow.model.embedded import EmbeddedModelConfig, tl_config
 from circuitflow.model.language import LanguageConfig, SyntheticLanguage
-from circuitflow.nodes import Node, hook_name
+from circuitflow.nodes import Node, dictionary_page, hook_name
 from circuitflow.report.features_page import (
+    index_rows,
     site_layer_of,
-    write_feature_browser,
-    write_feature_browser_of,
+    write_dictionary_page,
+    write_index,
 )
 
 CHECKS_JS = (Path(__file__).parents[1] / "helpers" / "features_page_checks.js").read_text()
@@ -42,7 +43,8 @@ N_CONTEXTS, K, SAMPLES, N_TOP, N_PER_BAND = 96, 6, 2, 4, 1
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Two dictionaries' feature folders (layers 0 and 1), written by features.write, and the
-    browser of both (4 of the 6 top contexts, 1 of the 2 samples per band shown)."""
+    browser of both: a page each (4 of the 6 top contexts, 1 of the 2 samples per band shown)
+    and the index."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     lang = SyntheticLanguage(LanguageConfig())
@@ -71,13 +73,17 @@ def run(tmp_path_factory):
         )  # fmt: skip
         folder = write.feature_dir(root, "resid_post", layer)
         dirs[("resid_post", layer)] = write.write(folder, feats, ctx, summary)
-    page = write_feature_browser(
-        dirs, root / "report" / "features.html", n_top=N_TOP, n_per_band=N_PER_BAND
-    )
+    index = root / "report" / "features.html"
+    pages = {
+        key: write_dictionary_page(folder, index.parent / dictionary_page(*key), N_TOP, N_PER_BAND)
+        for key, folder in dirs.items()
+    }
+    write_index(list(dirs.values()), index)
     return SimpleNamespace(
         root=root,
         dirs=dirs,
-        page=page,
+        pages=pages,
+        index=index,
         feats={k: pd.read_parquet(d / "features.parquet") for k, d in dirs.items()},
         ctx={k: pd.read_parquet(d / "contexts.parquet") for k, d in dirs.items()},
     )
@@ -121,24 +127,65 @@ def token_matches(feats: pd.DataFrame, ctx: pd.DataFrame, token: str) -> list[in
     return sorted(fires | promotes)
 
 
-def test_page_is_self_contained_with_every_dictionary(run):
-    text = run.page.read_text()
-    assert "<script src" not in text and "<link" not in text
-    assert "https://" not in text
-    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
-    data = json.loads(re.search(r'id="feature-data">(.*?)</script>', text, re.S)[1])
-    assert [d["key"] for d in data["dictionaries"]] == ["resid_post.0", "resid_post.1"]
-    for d, feats in zip(data["dictionaries"], run.feats.values(), strict=True):
+def page_data(page: Path) -> dict:
+    return json.loads(re.search(r'id="feature-data">(.*?)</script>', page.read_text(), re.S)[1])
+
+
+def test_each_page_is_self_contained_with_its_own_dictionary(run):
+    words = SyntheticLanguage(LanguageConfig()).words
+    for (site, layer), page in run.pages.items():
+        text = page.read_text()
+        assert "<script src" not in text and "<link" not in text
+        assert "https://" not in text
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+        data = page_data(page)
+        d, feats = data["dictionary"], run.feats[(site, layer)]
+        # Its own dictionary's features, and no other's.
+        assert (d["key"], d["site"], d["layer"]) == (f"{site}.{layer}", site, layer)
         assert d["features"]["feature"] == feats["feature"].tolist()
         assert d["features"]["label"] == feats["label"].tolist()
         assert d["summary"]["n_dead"] == int(feats["dead"].sum()) >= 3  # 3 never fire
-        assert d["meta"] == {"hook": hook_name("resid_post", d["layer"]), "dictionary": "sae"}
+        assert d["meta"] == {"hook": hook_name("resid_post", layer), "dictionary": "sae"}
         shown = [len(c) for c in d["features"]["contexts"]]
-        ctx = run.ctx[("resid_post", d["layer"])]
+        ctx = run.ctx[(site, layer)]
         expected = [len(shown_contexts(ctx, f)) for f in feats["feature"]]
         assert shown == expected and max(shown) > N_TOP  # quantile samples shown too
-    words = SyntheticLanguage(LanguageConfig()).words
-    assert all(data["vocab"][i] == words[int(i)] for i in data["vocab"])
+        assert all(data["vocab"][i] == words[int(i)] for i in data["vocab"])
+        # Its link back to the index.
+        assert (page.parent / data["index"]).resolve() == run.index.resolve()
+    labels = [tuple(page_data(p)["dictionary"]["features"]["label"]) for p in run.pages.values()]
+    assert labels[0] != labels[1]
+
+
+def test_index_lists_every_dictionary_and_links_its_page(run):
+    text = run.index.read_text()
+    rows = re.findall(r'<tr id="([^"]+)" data-dictionary="[^"]+"><td><a href="([^"]+)">', text)
+    assert [key for key, _ in rows] == ["resid_post.0", "resid_post.1"]
+    for (key, href), ((site, layer), page) in zip(rows, run.pages.items(), strict=True):
+        assert key == f"{site}.{layer}"
+        assert (run.index.parent / href).resolve() == page.resolve()
+    table = index_rows(list(run.dirs.values()))
+    for r, ((site, layer), folder) in zip(table.itertuples(), run.dirs.items(), strict=True):
+        summary = json.loads((folder / "summary.json").read_text())
+        feats = run.feats[(site, layer)]
+        assert (r.site, r.layer, r.kind) == (site, layer, "sae")
+        assert r.n_features == len(feats) and r.n_tokens == summary["n_tokens"]
+        assert r.dead_fraction == pytest.approx(feats["dead"].mean())
+        assert r.dense_fraction == pytest.approx(feats["dense"].mean())
+        assert f"<td class='num'>{100 * float(f'{r.dead_fraction:.3g}'):.3g}%</td>" in text
+    with pytest.raises(ValueError, match="given twice"):
+        index_rows([run.dirs[("resid_post", 0)]] * 2)
+
+
+def test_index_sends_an_old_address_on_to_its_card(run, tmp_path):
+    """`features.html#resid_post.0.fN` (the single page's address) lands on feature N's card on
+    resid_post layer 0's page."""
+    feature = live_feature(run, 0)
+    anchor = Node("feature", 0, feature, "resid_post").anchor
+    done = browse(chromium(), run.index, "--dump-dom", fragment=anchor)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "<title>Features of resid_post layer 0</title>" in done.stdout
+    assert f'data-anchor="{anchor}"' in done.stdout and f'data-feature="{feature}"' in done.stdout
 
 
 def live_feature(run, layer: int) -> int:
@@ -158,7 +205,7 @@ def test_browser_in_chromium(run, tmp_path):
     other = live_feature(run, 0)
     clicked = int(feats["feature"][(feats["feature"] != feature) & ~feats["dead"]].iloc[0])
     found = check_page(
-        chromium(), run.page, tmp_path, CHECKS_JS,
+        chromium(), run.pages[("resid_post", 1)], tmp_path, CHECKS_JS,
         fragment=Node("feature", 1, feature, "resid_post").anchor,
         sorts=[["density", True], ["max", True], ["mean", False], ["density", False]],
         header="max",
@@ -167,9 +214,7 @@ def test_browser_in_chromium(run, tmp_path):
         click=clicked, follow=Node("feature", 0, other, "resid_post").anchor,
     )  # fmt: skip
     assert found["errors"] == []
-    assert found["tabs"] == ["resid_post.0", "resid_post.1"]
-    # The address opened the dictionary and the feature's card.
-    assert found["active_tab"] == "resid_post.1"
+    # The address opened the feature's card.
     card = found["opened"]
     assert not card["hidden"] and card["feature"] == feature
     assert card["anchor"] == f"resid_post.1.f{feature}" and card["label"] == row["label"]
@@ -217,15 +262,18 @@ def test_browser_in_chromium(run, tmp_path):
     assert len(by_token) < len(feats)
     assert by_any == feats["feature"][feats["dead"]].tolist() and nothing == []
     # A click on a row sets the address and opens that card; an anchor into the other
-    # dictionary switches to it.
+    # dictionary says it is not on this page and links the index, which sends it on.
     assert found["clicked"]["hash"] == f"#resid_post.1.f{clicked}"
     assert found["clicked"]["card"]["feature"] == clicked and found["clicked"]["selected"] == [
         clicked
     ]
     followed = found["followed"]
-    assert followed["active_tab"] == "resid_post.0" and followed["card"]["feature"] == other
-    assert followed["card"]["label"] == run.feats[("resid_post", 0)]["label"][other]
-    assert followed["rows"] == len(run.feats[("resid_post", 0)])
+    assert (
+        followed["card"]["feature"] is None
+        and followed["card"]["anchor"] == f"resid_post.0.f{other}"
+    )
+    assert followed["elsewhere"] == f"../../features.html#resid_post.0.f{other}"
+    assert followed["rows"] == len(feats)  # the table still this page's dictionary
 
 
 def test_anchor_is_the_nodes_one():
@@ -236,26 +284,36 @@ def test_anchor_is_the_nodes_one():
 
 def test_command_line_and_bad_input(run, tmp_path):
     folders = [str(d) for d in run.dirs.values()]
-    out = tmp_path / "browser.html"
-    script = [sys.executable, str(REPO / "scripts" / "report.py"), "features"]
-    done = subprocess.run([*script, "--features-dirs", *folders, "--out-html", str(out),
-                           "--n-top", "2"], capture_output=True, text=True)  # fmt: skip
+    out = tmp_path / "features" / "resid_post" / "layer_1.html"
+    script = [sys.executable, str(REPO / "scripts" / "report.py")]
+    done = subprocess.run([*script, "features", "--features-dir", folders[1], "--out-html",
+                           str(out), "--n-top", "2"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    data = json.loads(re.search(r'id="feature-data">(.*?)</script>', out.read_text(), re.S)[1])
-    tops = [c for d in data["dictionaries"] for cs in d["features"]["contexts"] for c in cs]
-    assert max(sum(c[0] < 0 for c in cs) for d in data["dictionaries"]
-               for cs in d["features"]["contexts"]) == 2 and tops  # fmt: skip
+    d = page_data(out)["dictionary"]
+    assert d["key"] == "resid_post.1"
+    assert max(sum(c[0] < 0 for c in cs) for cs in d["features"]["contexts"]) == 2
+    index = tmp_path / "features.html"
+    done = subprocess.run([*script, "features_index", "--features-dirs", *folders, "--out-html",
+                           str(index)], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert index.read_text().count('data-dictionary="resid_post.') == 2
     assert site_layer_of(run.dirs[("resid_post", 1)]) == ("resid_post", 1)
     broken = tmp_path / "features" / "resid_post" / "layer_3"
     broken.mkdir(parents=True)
     (broken / "summary.json").write_text("{}")
-    done = subprocess.run([*script, "--features-dirs", str(broken), "--out-html", str(out)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run([*script, "features", "--features-dir", str(broken), "--out-html",
+                           str(out)], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: {broken}: missing features.parquet, contexts.parquet (the features stage's files)"
     )
-    with pytest.raises(ValueError, match="given twice"):
-        write_feature_browser_of([folders[0], folders[0]], out)
+    done = subprocess.run([*script, "features_index", "--features-dirs", str(broken),
+                           "--out-html", str(index)], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: {broken / 'summary.json'}: missing n_features, n_tokens")
+    )
     with pytest.raises(ValueError, match="not a features/"):
         site_layer_of(tmp_path)

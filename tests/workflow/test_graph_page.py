@@ -18,7 +18,7 @@ import pytest
 from helpers.chromium import chromium
 from helpers.graph_page import check_page, screenshot
 
-from circuitflow.nodes import Node
+from circuitflow.nodes import Node, dictionary_page
 
 pytestmark = pytest.mark.slow
 FEATURE_CHECKS_JS = (Path(__file__).parents[1] / "helpers" / "features_page_checks.js").read_text()
@@ -53,22 +53,28 @@ def test_default_run_graph_page(default_results, behaviour, tmp_path):
     assert card["contexts"] > 0 and len(card["marks"]) == card["contexts"]
     assert "decoder direction raises the logits of" in card["text"]
     assert feature in found["click"]["nodes_on"]
-    # Each feature's text: its index and graph.json's label (cut with "…" when too wide); its
-    # text and card link its card in the feature browser, which opens it with the same label.
+    # Each feature's text: its index and graph.json's label (cut with "…" when too wide); a
+    # click on it opens its card from its dictionary's page of the feature browser in the
+    # panel, which opens it with the same label.
     labels = {n["id"]: n["label"] for n in graph["nodes"] if n["kind"] == "feature"}
     assert all(labels.values()), "the features stage labels every feature"
     drawn = {f["id"]: f for f in found["features"]}
     assert set(drawn) == set(labels)
-    browser_page = default_results / "report" / "features.html"
-    assert browser_page.is_file()
+    report = default_results / "report"
     for node_id, f in drawn.items():
-        full = f"#{Node.parse(node_id).index} {labels[node_id]}"
+        node = Node.parse(node_id)
+        full = f"#{node.index} {labels[node_id]}"
         assert f["text"] == full or (f["text"].endswith("…") and full.startswith(f["text"][:-1]))
         target, anchor = f["href"].split("#")
-        assert (page.parent / target).resolve() == browser_page.resolve()
-        assert anchor == Node.parse(node_id).anchor
+        assert (page.parent / target).resolve() == (
+            report / dictionary_page(node.site, node.layer)
+        ).resolve()
+        assert anchor == node.anchor
     assert card["label"] == f"label: {labels[feature]}" and card["link"] == drawn[feature]["href"]
+    panel = found["click"]["panel"]
+    assert not panel["hidden"] and panel["src"] == panel["tab"] == drawn[feature]["href"]
     anchor = Node.parse(feature).anchor
+    browser_page = page.parent / drawn[feature]["href"].split("#")[0]
     opened = check_page(browser, browser_page, tmp_path, FEATURE_CHECKS_JS, fragment=anchor)
     assert opened["errors"] == [] and opened["opened"]["anchor"] == anchor
     assert opened["opened"]["label"] == labels[feature]

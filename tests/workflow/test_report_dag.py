@@ -48,6 +48,7 @@ SHOWN = [
     ("Job costs", ["GPU-hours of a full run"], "gpu_hours.html"),
     ("Provenance", ["reproducibility checklist"], "provenance.html"),
     ("Features", ["all", "feature browser"], "features.html"),
+    ("Features", ["resid_post layer 1", "feature browser"], "layer_1.html"),
 ]
 
 # Collects JavaScript errors from the start; after load, clicks through `steps` (a category
@@ -127,9 +128,9 @@ def table_after(page: str, heading: str) -> pd.DataFrame:
 
 
 def test_feature_browser_of_every_dictionary_and_labels_in_the_tables(default_results, tmp_path):
-    """report/features.html holds every dictionary the run has and opens a feature's card at
-    its address; the behaviour's features table labels each feature as the features stage
-    does."""
+    """report/features.html lists every dictionary the run has and links its page, which opens
+    a feature's card at its address; the behaviour's features table labels each feature as the
+    features stage does."""
     folders = sorted((default_results / "features").glob("*/layer_*"))
     labels = read_labels(folders)
     assert {site for site, _ in labels} == {"resid_post", "mlp_out"}  # SAEs and transcoders
@@ -137,10 +138,14 @@ def test_feature_browser_of_every_dictionary_and_labels_in_the_tables(default_re
     feature = next(iter(labels[(site, layer)]))
     anchor = f"{site}.{layer}.f{feature}"
     checks = (REPO / "tests" / "helpers" / "features_page_checks.js").read_text()
-    page = default_results / "report" / "features.html"
-    found = check_page(chromium(), page, tmp_path, checks, fragment=anchor)
+    index = default_results / "report" / "features.html"
+    rows = re.findall(r'<tr id="([^"]+)" data-dictionary="[^"]+"><td><a href="([^"]+)">',
+                      index.read_text())  # fmt: skip
+    assert sorted(key for key, _ in rows) == sorted(f"{s}.{n}" for s, n in labels)
+    pages = {key: index.parent / href for key, href in rows}
+    assert all(p.is_file() for p in pages.values())
+    found = check_page(chromium(), pages[f"{site}.{layer}"], tmp_path, checks, fragment=anchor)
     assert found["errors"] == []
-    assert sorted(found["tabs"]) == sorted(f"{s}.{n}" for s, n in labels)
     assert found["opened"]["anchor"] == anchor
     assert found["opened"]["label"] == labels[(site, layer)][feature]
     tables = (default_results / "report" / "induction" / "tables.html").read_text()

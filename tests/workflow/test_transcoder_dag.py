@@ -186,27 +186,29 @@ def test_prompt_graph_page_in_chromium(run, tmp_path):
     assert not feature["hidden"] and feature["hidden_after"]
     assert "top activating contexts" in feature["text"] and feature["items"] >= 1
     # Each feature's card shows its clerp from the prompt's graph file, and a click opens its
-    # card in the feature browser, which holds it with the same label.
+    # card from its transcoder's page of the feature browser, which holds it with the same
+    # label.
     graph = read_json(page.parent / "prompt_graphs" / f"{out['slug']}.json")
     clerps = {(n["layer"], n["feature"]): n["clerp"] for n in graph["nodes"]
               if n["feature_type"] == "cross layer transcoder"}  # fmt: skip
-    browser_page = results / "report" / "features.html"
-    browser = json.loads(re.search(r'id="feature-data">(.*?)</script>', browser_page.read_text(),
-                                   re.S)[1])  # fmt: skip
-    browser_labels = {
-        f"{d['key']}.f{f}": label
-        for d in browser["dictionaries"]
-        for f, label in zip(d["features"]["feature"], d["features"]["label"], strict=True)
-    }
+    browser_labels = {}
+    for browser_page in (results / "report" / "features" / "mlp_out").glob("layer_*.html"):
+        d = json.loads(re.search(r'id="feature-data">(.*?)</script>', browser_page.read_text(),
+                                 re.S)[1])["dictionary"]  # fmt: skip
+        browser_labels |= {
+            f"{d['key']}.f{f}": (browser_page, label)
+            for f, label in zip(d["features"]["feature"], d["features"]["label"], strict=True)
+        }
     assert out["features"]
     for f in out["features"]:
         layer, index = map(int, re.match(r"feature L(\d+) #(\d+) ", f["title"]).groups())
         clerp = clerps[(str(layer), cantor(layer, index))]
         assert clerp and f["label"] == f"label: {clerp}"
         target, anchor = f["href"].split("#")
-        assert (page.parent / target).resolve() == browser_page.resolve()
         assert anchor == Node("feature", layer, index, "mlp_out").anchor
-        assert browser_labels[anchor] == clerp
+        assert (page.parent / target).resolve() == browser_labels[anchor][0].resolve()
+        assert browser_labels[anchor][1] == clerp
+        assert not f["panel"]["hidden"] and f["panel"]["src"] == f["href"]
     edge = out["edge_card"]
     assert edge and edge["heads"] and "% of the edge" in edge["heads"][0], edge
     assert "replacement score" in out["scores"] and "Spearman" in out["scores"]

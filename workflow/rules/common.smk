@@ -9,6 +9,7 @@ from circuitflow import cluster as cf_cluster
 from circuitflow import config as cf_config
 from circuitflow import dictionary_sources as cf_sources
 from circuitflow import fit as cf_fit
+from circuitflow import nodes as cf_nodes
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
 from circuitflow.features import plan as cf_features_plan
@@ -252,12 +253,13 @@ def job_resources(rule, job=None, memory_by=None):
     profile the partition, GRES and account of a GPU job (CPU jobs take the profile's defaults).
     `job`: which of the rule's jobs, where one rule is defined per job (for train_sae_stream,
     its group's key); else the job's behaviour wildcard, where it has one. `memory_by`: the
-    wildcard whose value the memory plan differs by (train_sae: site, an SAE or a transcoder).
+    wildcard whose value the memory plan differs by (train_sae: site, an SAE or a transcoder),
+    or several, joined with "." (report_features_dictionary: site and layer, its anchor).
     """
     PLANNED_JOBS.append((rule, job))
     res = {
         "mem_mb": lambda wc, attempt: cf_resources.mem_mb(
-            config, rule, attempt, job or (wc.get(memory_by) if memory_by else None)
+            config, rule, attempt, job or memory_key(wc, memory_by)
         ),
         "runtime": lambda wc, attempt: cf_resources.runtime(
             config, rule, attempt, CLUSTER, job or wc.get("behaviour")
@@ -273,6 +275,14 @@ def job_resources(rule, job=None, memory_by=None):
             # A cluster without GPUs (the local test one): the in-job srun would ask for --gpus.
             res["gpus"] = 0
     return res
+
+
+def memory_key(wildcards, memory_by):
+    """The job's value of the wildcard(s) `memory_by` (job_resources), or None."""
+    if not memory_by:
+        return None
+    names = [memory_by] if isinstance(memory_by, str) else memory_by
+    return ".".join(str(wildcards.get(name)) for name in names)
 
 
 def job_retries(rule, job=None):
@@ -364,18 +374,29 @@ def interventions_outputs():
 
 
 REPORT = f"{OUT}/report"
-# The feature browser (report_features), where the graph pages link their feature nodes.
-FEATURE_BROWSER = f"{REPORT}/features.html"
+# The feature browser: its index (report_features), and beside it in features/ a page per
+# dictionary (report_features_dictionary; circuitflow.nodes.dictionary_page), where the graph
+# pages open their feature nodes' cards.
+FEATURE_BROWSER = f"{REPORT}/{cf_nodes.BROWSER_INDEX}"
 
 
 def feature_browser_outputs():
-    """The feature browser, in a run with dictionaries to browse."""
+    """The feature browser's index, in a run with dictionaries to browse."""
     return [FEATURE_BROWSER] if features_outputs() else []
+
+
+def feature_page_outputs():
+    """Each dictionary's page of the feature browser."""
+    return [
+        f"{REPORT}/{cf_nodes.dictionary_page(site, layer)}"
+        for site, layer in cf_features_plan.members(config)
+    ]
 
 
 def feature_browser_option(wildcards=None):
     """`--features-html` of a job whose page links its feature nodes to the browser (the
-    browser's path: the page links relative to it), none in a run without the browser.
+    index's path: the page links each feature's card relative to its folder), none in a run
+    without the browser.
     """
     return " ".join(f"--features-html {p}" for p in feature_browser_outputs())
 

@@ -208,11 +208,40 @@ rule report_gpu_hours:
         " --out-csv {output.csv} --out-html {output.html} 2> {log}"
 
 
-# The feature browser of every dictionary (features.smk's folders): the graph pages link each
-# feature node to its card here (FEATURE_BROWSER).
+# The feature browser: a page per dictionary (features.smk's folder), each its own job whose
+# memory grows with that dictionary's features (features/browser_plan.py) ...
+rule report_features_dictionary:
+    input:
+        f"{OUT}/features/{{site}}/layer_{{layer}}",
+    output:
+        # cf_nodes.dictionary_page: the graph pages link each feature's card here.
+        report(
+            f"{REPORT}/features/{{site}}/layer_{{layer}}.html",
+            caption="../report/features_dictionary.rst",
+            category="Features",
+            labels={"dictionary": "{site} layer {layer}", "figure": "feature browser"},
+        ),
+    log:
+        f"{OUT}/logs/report/features/{{site}}_layer_{{layer}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/report_features_dictionary/{{site}}_layer_{{layer}}.tsv"
+    conda:
+        "../../envs/circuitflow.yaml"
+    envmodules:
+        *job_envmodules(),
+    threads: job_threads("report_features_dictionary")
+    resources:
+        **job_resources("report_features_dictionary", memory_by=("site", "layer")),
+    shell:
+        stage("report")
+        + " features --features-dir {input} --out-html {output} 2> {log}"
+
+
+# ... and the index of them all (FEATURE_BROWSER), where a reader starts.
 rule report_features:
     input:
-        features_outputs(),
+        pages=feature_page_outputs(),
+        features=features_outputs(),
     output:
         report(
             FEATURE_BROWSER,
@@ -233,7 +262,7 @@ rule report_features:
         **job_resources("report_features"),
     shell:
         stage("report")
-        + " features --features-dirs {input} --out-html {output} 2> {log}"
+        + " features_index --features-dirs {input.features} --out-html {output} 2> {log}"
 
 
 # Last: every other job's benchmark file exists once its outputs do.

@@ -39,11 +39,8 @@
   const radius = (n) => R_MIN + (R_MAX - R_MIN) * Math.sqrt(Math.abs(n.score) / sMax);
   const signColour = (x) => (x < 0 ? NEG : POS);
   const edgeWidth = (e) => 0.6 + (5.4 * Math.abs(e.weight)) / wMax;
-  // The feature browser (report/features.html) where the page can follow a link: not inside
-  // the Snakemake report, which embeds each page on its own (a data: address).
-  const BROWSER = DATA.features_href && ["file:", "http:", "https:"].includes(location.protocol)
-    ? DATA.features_href : null;
-  const browserLink = (n) => (BROWSER && n.anchor ? BROWSER + "#" + n.anchor : null);
+  // A clicked feature's card from the feature browser, in a panel (feature_panel.js).
+  const BROWSER = featureBrowser(DATA.features_href);
 
   function el(tag, props, children) {
     const node = document.createElement(tag);
@@ -336,6 +333,7 @@
     for (const n of state.vis.nodes) {
       const p = pos.get(n.id);
       const g = svgEl("g", { class: "node", "data-id": n.id });
+      if (n.kind === "feature") g.classList.add("feature");
       const circle = svgEl("circle", {
         cx: p.x.toFixed(1), cy: p.y.toFixed(1), r: p.r.toFixed(1),
         fill: DATA.colours[n.kind], stroke: signColour(n.score),
@@ -344,14 +342,13 @@
       g.append(circle);
       const label = svgEl("text", { x: p.x.toFixed(1), y: (p.y - p.r - 4).toFixed(1) });
       label.textContent = fitText(n)[0];
-      // A feature's text opens its card in the feature browser (the disk selects paths).
-      const href = browserLink(n);
+      g.append(label);
+      // A click on a feature (disk or text) also opens its card from the feature browser.
+      const href = n.kind === "feature" ? BROWSER.href(n) : null;
       if (href) {
-        const a = svgEl("a", { class: "browser", href: href });
-        a.addEventListener("click", (ev) => ev.stopPropagation());
-        a.append(label);
-        g.append(a);
-      } else g.append(label);
+        g.classList.add("linked");
+        g.dataset.card = href;
+      }
       g.addEventListener("mouseenter", () => showCard(n, g));
       g.addEventListener("mouseleave", showPinned);
       g.addEventListener("click", (ev) => {
@@ -359,6 +356,9 @@
         state.pinned = n.id;
         select(n.id);
         showCard(n, g);
+        if (!href || !BROWSER.open(n, `${n.name}: ${n.feature_label || "no label"}`)) {
+          BROWSER.close();
+        }
       });
       nodeLayer.append(g);
     }
@@ -418,6 +418,7 @@
   function clearSelection() {
     state.selected = null;
     state.pinned = null;
+    BROWSER.close();
     highlight();
     hideCard();
   }
@@ -496,13 +497,15 @@
   function labelItems(n) {
     const parts = [el("p", { className: "feature-label", textContent: n.feature_label ?
       "label: " + n.feature_label : "label: none (no features stage for this dictionary)" })];
-    const href = browserLink(n);
+    const href = BROWSER.href(n);
     if (href) {
-      parts.push(el("p", {}, [el("a", { className: "browser", href: href,
-        textContent: "open its card in the feature browser (" + n.anchor + ")" })]));
+      parts.push(el("p", {}, ["click: its card beside the graph; ", el("a", {
+        className: "browser", href: href, target: "_blank",
+        textContent: "open it in a new tab (" + n.anchor + ")" })]));
     } else if (DATA.features_href) {
-      parts.push(el("p", { className: "none", textContent: "its card: report/features.html#" +
-        n.anchor + " in the results folder" }));
+      // Embedded in the Snakemake report: the browser's pages cannot be reached from here.
+      parts.push(el("p", { className: "none", textContent: "its card: report/" + n.card +
+        " in the results folder (this copy cannot open it)" }));
     }
     return parts;
   }
@@ -561,11 +564,11 @@
     card.replaceChildren(...parts);
     card.dataset.node = n.id;
     card.hidden = false;
-    // Beside the node, inside the window.
+    // Beside the node, inside the window (left of the feature panel when it is open).
     const box = g.querySelector("circle").getBoundingClientRect();
     const w = card.offsetWidth, h = card.offsetHeight;
     let left = box.right + 12;
-    if (left + w > window.innerWidth - 8) left = Math.max(8, box.left - w - 12);
+    if (left + w > BROWSER.edge() - 8) left = Math.max(8, box.left - w - 12);
     const top = Math.min(Math.max(8, box.top - 8), Math.max(8, window.innerHeight - h - 8));
     card.style.left = left + "px";
     card.style.top = top + "px";

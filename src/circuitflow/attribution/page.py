@@ -48,19 +48,22 @@ def rounded(x: Any, digits: int = 3) -> str:
 
 
 def browser_href(page: Path | str, browser: Path | str | None) -> str | None:
-    """The link from the page written to `page` to the feature browser written to `browser`
-    (report/features.html), relative so the results folder can move; None without a browser
-    (a run without the features stage): the page then links nothing."""
+    """The feature browser's folder seen from the page written to `page`, ending in "/"
+    (`../`), where `browser` is the browser's index (report/features.html): a feature's card is
+    this plus `Node.card` (`features/resid_post/layer_1.html#resid_post.1.f355`). Relative so the
+    results folder can move; None without a browser (a run without the features stage): the
+    page then links nothing."""
     if browser is None:
         return None
-    return Path(os.path.relpath(Path(browser).resolve(), Path(page).resolve().parent)).as_posix()
+    folder = Path(os.path.relpath(Path(browser).resolve().parent, Path(page).resolve().parent))
+    return "./" if folder == Path(".") else f"{folder.as_posix()}/"
 
 
 def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
     """A graph.json node plus what the page draws: short label (inside its column), full name,
     column name and forward-pass order (the column's place); a feature also its label from the
-    features stage (`feature_label`, null where graph.json has none) and its card's anchor in
-    the feature browser."""
+    features stage (`feature_label`, null where graph.json has none), its card's anchor and its
+    card in the feature browser (relative to the browser's index, Node.card)."""
     if n["kind"] == "logit":
         extra = {"name": "logit", "label": "logit", "column": "logit", "order": n_layers + 2.0}
     else:
@@ -73,7 +76,7 @@ def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
             "order": node.order,
         }
         if node.kind == "feature":
-            extra |= {"feature_label": n.get("label"), "anchor": node.anchor}
+            extra |= {"feature_label": n.get("label"), "anchor": node.anchor, "card": node.card}
     keys = ("id", "kind", "layer", "index", "site", "score", "score_source")
     return {k: n.get(k) for k in keys} | {"bridge": bool(n.get("bridge"))} | extra
 
@@ -132,8 +135,8 @@ def page_data(
     steering: pd.DataFrame | None = None,
     features_href: str | None = None,
 ) -> dict[str, Any]:
-    """Everything graph_page.js reads (`features_href`: the feature browser relative to the
-    page, browser_href; None: no links). Older graph.json files without `computed_edges` or
+    """Everything graph_page.js reads (`features_href`: the feature browser's folder relative
+    to the page, browser_href; None: no links). Older graph.json files without `computed_edges` or
     `score_abs_total` fall back to the pruned edges and the graph's own nodes."""
     logit = next(n for n in graph["nodes"] if n["kind"] == "logit")
     nodes = [_node(n, int(logit["layer"])) for n in graph["nodes"]]
@@ -312,10 +315,13 @@ right); within a column nodes are ordered by |score|. Node size grows with |scor
 blue when the node helps the answer and red when it hurts; edge width grows with |weight|, blue
 edges help and red ones hurt. Hover a node for its card; click it to highlight its paths to the
 logit (click the background or press Escape to clear). A feature's text reads its index and
-label (the features stage's, made from its top tokens; the card has it whole); where the run
-has the feature browser (report/features.html), a click on that text opens the feature's card
-there. The thresholds re-prune the graph as
-circuit-tracer does: the largest nodes (edges) until that share of the total is covered.</p>
+label (the features stage's, made from its top tokens; the card has it whole). Where the run has
+the feature browser (report/features.html) and this page is opened from the results folder, a
+click on a feature (its disk or its text) also opens its card from the browser in a panel on the
+right, with a link to open it in a new tab; the copy inside the Snakemake report cannot reach
+the browser's pages, so there a click highlights paths only and the hover card names the card's
+file. The thresholds re-prune the graph as circuit-tracer does: the largest nodes (edges) until
+that share of the total is covered.</p>
 """
 
 
@@ -331,8 +337,8 @@ def graph_html(
     """The page: header, controls, legend and an SVG that graph_page.js draws from the data.
     `circuit`: the interventions stage's summary.json (the report's copy), whose graph_circuit
     the header states, and `flags` the flags on its numbers (interventions.flags.flags of it),
-    which the header lists; `features_href`: the feature browser, relative to the page
-    (browser_href), where each feature's label links to its card."""
+    which the header lists; `features_href`: the feature browser's folder, relative to the page
+    (browser_href), whose card of a clicked feature the page shows in a panel."""
     data = _json_for_script(page_data(graph, contexts, steering, features_href))
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
@@ -341,5 +347,6 @@ def graph_html(
         '<div id="graph-scroll"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div>'
         '<div id="card" hidden></div>'
         f'<script type="application/json" id="graph-data">{data}</script>'
+        f"<script>{_asset('feature_panel.js')}</script>"
         f"<script>{_asset('graph_page.js')}</script></body></html>\n"
     )

@@ -20,10 +20,8 @@
   const edgeInput = document.getElementById("edge-threshold");
   const fmt = (x) =>
     x === null || x === undefined || !isFinite(x) ? "n/a" : String(+(+x).toPrecision(3));
-  // The feature browser (report/features.html) where the page can follow a link: not inside
-  // the Snakemake report, which embeds each page on its own (a data: address).
-  const BROWSER = DATA.features_href && ["file:", "http:", "https:"].includes(location.protocol)
-    ? DATA.features_href : null;
+  // A clicked feature's card from the feature browser, in a panel (feature_panel.js).
+  const BROWSER = featureBrowser(DATA.features_href);
 
   function svgEl(tag, attrs, parent) {
     const node = document.createElementNS(NS, tag);
@@ -105,7 +103,7 @@
   function showCard(evt, parts) {
     card.replaceChildren(...parts);
     card.hidden = false;
-    const x = Math.min(evt.clientX + 14, window.innerWidth - 420);
+    const x = Math.min(evt.clientX + 14, BROWSER.edge() - 420);
     card.style.left = x + "px";
     card.style.top = Math.min(evt.clientY + 14, window.innerHeight - 200) + "px";
   }
@@ -123,8 +121,14 @@
     if (n.kind === "feature") {
       parts.push(el("p", { className: "feature-label", textContent: n.label ?
         "label: " + n.label : "label: none (no features stage for this transcoder)" }));
-      if (BROWSER) parts.push(el("p", { textContent: "click: its card in the feature browser (" +
-        n.anchor + ")" }));
+      if (BROWSER.href(n)) {
+        parts.push(el("p", { textContent: "click: its card from the feature browser beside " +
+          "the graph (" + n.anchor + ")" }));
+      } else if (DATA.features_href) {
+        // Embedded in the Snakemake report: the browser's pages cannot be reached from here.
+        parts.push(el("p", { className: "none", textContent: "its card: report/" + n.card +
+          " in the results folder (this copy cannot open it)" }));
+      }
       parts.push(el("p", { textContent: "activation " + fmt(n.activation) }));
     }
     if (n.kind !== "logit") {
@@ -198,11 +202,16 @@
     }
     for (const k of vis.nodes) {
       const n = g.nodes[k], p = L.pos.get(k);
-      // A feature opens its card in the feature browser when clicked.
-      const link = n.kind === "feature" && BROWSER ? svgEl("a", { class: "browser",
-        href: BROWSER + "#" + n.anchor }, svg) : null;
       const grp = svgEl("g", { class: "node " + n.kind, "data-kind": n.kind, "data-pos": n.pos,
-        "data-row": p.row }, link || svg);
+        "data-row": p.row }, svg);
+      // A click on a feature opens its card from the feature browser beside the graph.
+      const href = n.kind === "feature" ? BROWSER.href(n) : null;
+      if (href) {
+        grp.classList.add("linked");
+        grp.dataset.card = href;
+        grp.addEventListener("click", () => BROWSER.open(n, nodeTitle(g, n) + ": " +
+          (n.label || "no label")));
+      }
       const colour = { feature: FEAT, error: ERR, token: TOKEN, logit: LOGIT }[n.kind];
       if (n.kind === "error") {
         svgEl("rect", { x: p.x - R, y: p.y - R, width: 2 * R, height: 2 * R, fill: colour }, grp);
@@ -229,7 +238,11 @@
   select.addEventListener("change", draw);
   nodeInput.addEventListener("input", draw);
   edgeInput.addEventListener("input", draw);
-  document.addEventListener("keydown", (e) => e.key === "Escape" && (card.hidden = true));
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape") return;
+    card.hidden = true;
+    BROWSER.close();
+  });
   window.__draw = draw; // the page's tests redraw after setting the controls
   draw();
 })();

@@ -1,12 +1,13 @@
-// The feature browser (report/features_page.py writes the page and its data): a table of one
-// dictionary's features, sorted and filtered in the page, and a feature's card. The address
-// `#site.layer.fINDEX` (Node.anchor in circuitflow/nodes.py) opens a card, `#site.layer` a
-// dictionary; clicking a row or a tab sets it, so the back button and links work.
+// A dictionary's page of the feature browser (report/features_page.py writes the page and its
+// data): a table of the dictionary's features, sorted and filtered in the page, and a feature's
+// card. The address `#site.layer.fINDEX` (Node.anchor in circuitflow/nodes.py) opens a card;
+// clicking a row sets it, so the back button and links work. Another dictionary's address goes
+// to the browser's index (report/features.html), which sends it on to that dictionary's page.
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("feature-data").textContent);
   const vocab = data.vocab;
-  const dicts = data.dictionaries;
+  const d = data.dictionary;
   const PAGE = 200; // rows drawn at a time; "show more" draws the next ones
   const SHADE = [255, 127, 14]; // a token's background, its alpha the activation / the maximum
   const SORTS = { feature: "feature", density: "density", max: "max", mean: "mean" };
@@ -14,8 +15,8 @@
     ["feature", "feature"], ["label", null], ["density", "density"],
     ["max activation", "max"], ["mean activation", "mean"],
   ];
-  const state = { dict: 0, sort: "feature", descending: false, mode: "any", query: "",
-                  shown: PAGE, open: null };
+  const state = { sort: "feature", descending: false, mode: "any", query: "", shown: PAGE,
+                  open: null };
   const byId = (id) => document.getElementById(id);
   const table = byId("features"), card = byId("card");
 
@@ -74,17 +75,6 @@
     return rows.sort((a, b) => sign * (key[a] - key[b]) || f.feature[a] - f.feature[b]);
   }
 
-  function drawTabs() {
-    const tabs = byId("dictionaries");
-    tabs.replaceChildren(...dicts.map((d, k) => {
-      const b = make("button", { "data-key": d.key, role: "tab",
-                                 class: k === state.dict ? "on" : "" },
-                     `${d.site} layer ${d.layer}`);
-      b.addEventListener("click", () => { location.hash = d.key; });
-      return b;
-    }));
-  }
-
   function histogramSvg(bars, width, height, cls) {
     // bars: [[label, value, title]]; one column each, heights relative to the largest.
     const w = Math.min(16, width / Math.max(1, bars.length)); // a few bins stay narrow
@@ -102,7 +92,7 @@
   }
 
   function drawSummary() {
-    const d = dicts[state.dict], s = d.summary;
+    const s = d.summary;
     const lines = [
       `${s.n_features} features read over ${s.n_tokens} tokens (${s.n_contexts} contexts of ` +
         `${s.context_length}, from position ${s.first_position}); dead ${s.n_dead} ` +
@@ -113,7 +103,9 @@
     const meta = Object.entries(d.meta).map(([k, v]) => `${k}: ${v}`).join("; ");
     if (meta) lines.push(meta);
     const box = byId("summary");
-    box.replaceChildren(make("h2", {}, `${d.site} layer ${d.layer}`),
+    const back = make("p", { class: "meta" });
+    back.append(make("a", { href: data.index, id: "index" }, "\u2190 every dictionary"));
+    box.replaceChildren(back, make("h2", {}, `${d.site} layer ${d.layer}`),
                         ...lines.map((l) => make("p", { class: "meta" }, l)));
     const edges = s.log_density_edges || [], counts = s.log_density_hist || [];
     if (counts.length) {
@@ -129,7 +121,7 @@
   }
 
   function drawTable() {
-    const d = dicts[state.dict], f = d.features;
+    const f = d.features;
     index(d);
     const head = make("tr");
     for (const [name, key] of COLUMNS) {
@@ -274,12 +266,15 @@
   }
 
   // --- navigation --------------------------------------------------------------------------
-  function selectDictionary(k) {
-    if (k === state.dict) return;
-    state.dict = k;
-    state.shown = PAGE;
-    drawTabs();
-    drawSummary();
+  // Another dictionary's feature: its page is not this one; the index knows where it is.
+  function elsewhere(target) {
+    card.hidden = false;
+    delete card.dataset.feature;
+    card.dataset.anchor = target;
+    const p = make("p", { class: "none" }, `${target} is not on this page (${d.key}): `);
+    p.append(make("a", { href: `${data.index}#${target}`, class: "elsewhere" },
+                  "find it from the index"));
+    card.replaceChildren(p);
   }
 
   function fromHash() {
@@ -287,11 +282,9 @@
     try {
       target = decodeURIComponent(target);
     } catch (e) { /* a malformed escape: match the address as it is */ }
+    if (!target) return;
     const m = /^(.*)\.f(\d+)$/.exec(target);
-    const k = dicts.findIndex((d) => d.key === (m ? m[1] : target));
-    if (k < 0) return;
-    selectDictionary(k);
-    const d = dicts[k];
+    if ((m ? m[1] : target) !== d.key) return elsewhere(target);
     index(d);
     const i = m ? d._position.get(+m[2]) : undefined;
     state.open = i === undefined ? null : target;
@@ -300,6 +293,8 @@
     drawTable();
     const row = table.querySelector("tr.selected");
     if (row) row.scrollIntoView({ block: "nearest" });
+    // Narrow (the graph pages' panel), the card sits above the table: bring it into view.
+    if (!card.hidden) card.scrollIntoView({ block: "nearest" });
   }
 
   function init() {
@@ -325,7 +320,6 @@
       drawTable();
     });
     window.addEventListener("hashchange", fromHash);
-    drawTabs();
     drawSummary();
     drawTable();
     fromHash();

@@ -1,32 +1,37 @@
-"""The feature browser: every dictionary's features (the features stage's files) on one
-self-contained page (no network access needed).
+"""The feature browser: a self-contained page per dictionary (no network access needed) and an
+index of them all.
 
 Input: for each dictionary (site, layer), its folder `features/{site}/layer_{layer}/` as
 `features/write.py` writes it (`features.parquet`, `contexts.parquet`, `summary.json`; that
-module's docstring is the contract). Python reads them and embeds what the page shows as JSON:
-per feature its index, label, density, maximum and mean activation, activation histogram
-(sparse: the bins with tokens), promoted and suppressed tokens with their logit effects, and its
-contexts (the first `n_top` top contexts and `n_per_band` quantile samples of each band, each a
-window of token ids with every token's activation, rounded to 4 significant digits); token
-strings are stored once per page (`vocab`: token id -> string). A token costs about 10 bytes
-of the page, a feature with the defaults (10 top and 10 quantile contexts of 17 tokens) about
-3 kB (3.1 kB measured on the embedded language: 788 kB for 2 x 131 features, k = 20, 4
-samples): 1.6 MB for a 512-feature dictionary of the embedded default, but some 75 MB for one of
-GPT-2 small's 24,576-feature SAEs. There write a page per dictionary (a one-entry mapping) and
-lower `n_top` and `n_per_band`.
+module's docstring is the contract).
 
-`features_page.js` (plain JavaScript, inlined) draws the dictionary's table (sortable by index,
-density, maximum and mean activation; searchable by index, label and token) and a feature's card
-(histogram, highlighted contexts, logit table); `features_page.css` styles it. A feature's card
-has the anchor `Node.anchor` (`#resid_post.1.f355`, circuitflow.nodes), so a graph page can link
-a feature node to `features.html#resid_post.1.f355`.
+- A dictionary's page, `report/features/{site}/layer_{layer}.html` (nodes.dictionary_page,
+  relative to the index's folder; rule report_features_dictionary, one job per dictionary):
+  Python reads its folder and embeds what the page shows as JSON: per feature its index, label,
+  density, maximum and mean activation, activation histogram (sparse: the bins with tokens),
+  promoted and suppressed tokens with their logit effects, and its contexts (the first `n_top`
+  top contexts and `n_per_band` quantile samples of each band, each a window of token ids with
+  every token's activation, rounded to 4 significant digits); token strings are stored once
+  per page (`vocab`: token id -> string). A token costs about 10 bytes of the page, a feature
+  with the defaults (10 top and 10 quantile contexts of 17 tokens) about 3 kB (3.1 kB measured
+  on the embedded language): 1.6 MB for a 512-feature dictionary of the embedded default, some
+  75 MB for one of GPT-2 small's 24,576-feature SAEs (lower `n_top` and `n_per_band` there).
+  `features_page.js` (plain JavaScript, inlined) draws the table (sortable by index, density,
+  maximum and mean activation; searchable by index, label and token) and a feature's card
+  (histogram, highlighted contexts, logit table); `features_page.css` styles it. A feature's
+  card has the anchor `Node.anchor` (`#resid_post.1.f355`, circuitflow.nodes): a graph page
+  links a feature node to `Node.card` (`features/resid_post/layer_1.html#resid_post.1.f355`)
+  from the index's folder.
+- The index, `report/features.html` (nodes.BROWSER_INDEX; rule report_features): one row per
+  dictionary (site, layer, kind, features, dead and dense fractions and tokens read, from its
+  summary.json) linking to its page. An address `features.html#resid_post.1.f355` (the single
+  page's before the browser was split) goes on to that feature's card on its dictionary's page.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,16 +41,18 @@ import pandas as pd
 
 from circuitflow.errors import InputError
 from circuitflow.io import json_text, write_text
-from circuitflow.nodes import dictionary_anchor
+from circuitflow.nodes import BROWSER_INDEX, dictionary_anchor, dictionary_page
 
 __all__ = [
     "N_PER_BAND",
     "N_TOP",
-    "browser_html",
     "dictionary_data",
+    "index_html",
+    "index_rows",
+    "page_html",
     "site_layer_of",
-    "write_feature_browser",
-    "write_feature_browser_of",
+    "write_dictionary_page",
+    "write_index",
 ]
 
 N_TOP = 10  # top contexts shown per feature
@@ -184,7 +191,6 @@ def _json_for_script(data: dict[str, Any]) -> str:
 
 
 CONTROLS = """
-<div id="dictionaries" role="tablist"></div>
 <div id="summary"></div>
 <div id="controls">
   <label>search <select id="search-mode">
@@ -207,46 +213,45 @@ the context was kept for.</p>
 """
 
 
-def browser_html(
-    dictionaries: list[dict[str, Any] | str], vocab: dict[int, str], title: str = "Feature browser"
-) -> str:
-    """The page: title, dictionary tabs, controls, the table and the card, drawn by
-    features_page.js from the data (dictionary_data of each, or its _json_for_script text, and
-    the vocab they filled)."""
-    parts = [d if isinstance(d, str) else _json_for_script(d) for d in dictionaries]
-    data = '{"dictionaries": [' + ", ".join(parts) + '], "vocab": ' + _json_for_script(vocab) + "}"
+def _page(title: str, body: str, script: str) -> str:
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_asset('features_page.css')}</style></head>"
-        f"<body><h1>{html.escape(title)}</h1>{CONTROLS}"
-        '<div id="browser"><div id="table-scroll"><table id="features"><thead></thead>'
-        '<tbody></tbody></table><button id="more" hidden>show more</button></div>'
-        '<div id="card" hidden></div></div>'
-        f'<script type="application/json" id="feature-data">{data}</script>'
-        f"<script>{_asset('features_page.js')}</script></body></html>\n"
+        f"<body><h1>{html.escape(title)}</h1>{body}<script>{script}</script></body></html>\n"
     )
 
 
-def write_feature_browser(
-    feature_dirs: Mapping[tuple[str, int], Path | str],
-    out_html: Path | str,
-    title: str = "Feature browser",
-    n_top: int = N_TOP,
-    n_per_band: int = N_PER_BAND,
+def index_href(site: str, layer: int) -> str:
+    """The index seen from the dictionary's page (`../../features.html`)."""
+    return "../" * dictionary_page(site, layer).count("/") + BROWSER_INDEX
+
+
+def page_html(dictionary: dict[str, Any], vocab: dict[int, str], title: str | None = None) -> str:
+    """A dictionary's page: title, summary, controls, the table and the card, drawn by
+    features_page.js from the data (dictionary_data, and the vocab it filled)."""
+    data = {"dictionary": dictionary, "vocab": vocab,
+            "index": index_href(dictionary["site"], dictionary["layer"])}  # fmt: skip
+    title = title or f"Features of {dictionary['site']} layer {dictionary['layer']}"
+    body = (
+        f"{CONTROLS}"
+        '<div id="browser"><div id="table-scroll"><table id="features"><thead></thead>'
+        '<tbody></tbody></table><button id="more" hidden>show more</button></div>'
+        '<div id="card" hidden></div></div>'
+        f'<script type="application/json" id="feature-data">{_json_for_script(data)}</script>'
+    )
+    return _page(title, body, _asset("features_page.js"))
+
+
+def write_dictionary_page(
+    folder: Path | str, out_html: Path | str, n_top: int = N_TOP, n_per_band: int = N_PER_BAND
 ) -> Path:
-    """Write the browser of the dictionaries `feature_dirs` ((site, layer) -> the folder
-    `features/{site}/layer_{layer}/`) to `out_html`, atomically; dictionaries in forward-pass
-    order of (layer, site)."""
-    if not feature_dirs:
-        raise InputError("feature browser: no feature directories given")
+    """Write the page of the dictionary whose folder is `folder` (`features/{site}/layer_{layer}`)
+    to `out_html` (report/ + nodes.dictionary_page: its link to the index assumes it),
+    atomically."""
+    site, layer = site_layer_of(folder)
     vocab: dict[int, str] = {}
-    # Each dictionary's data as JSON text once built: its Python objects take about 14 times
-    # the memory, so only one dictionary's are alive at a time (features/browser_plan.py).
-    dictionaries = [
-        _json_for_script(dictionary_data(site, int(layer), folder, vocab, n_top, n_per_band))
-        for (site, layer), folder in sorted(feature_dirs.items(), key=lambda kv: kv[0][::-1])
-    ]
-    write_text(out_html, browser_html(dictionaries, dict(sorted(vocab.items())), title))
+    data = dictionary_data(site, layer, folder, vocab, n_top, n_per_band)
+    write_text(out_html, page_html(data, dict(sorted(vocab.items()))))
     return Path(out_html)
 
 
@@ -259,15 +264,86 @@ def site_layer_of(folder: Path | str) -> tuple[str, int]:
     return site, int(name[6:])
 
 
-def write_feature_browser_of(
-    folders: list[Path | str], out_html: Path | str, n_top: int = N_TOP,
-    n_per_band: int = N_PER_BAND,
-) -> Path:  # fmt: skip
-    """write_feature_browser of the folders `features/{site}/layer_{layer}` (each named once)."""
-    dirs: dict[tuple[str, int], Path | str] = {}
-    for folder in folders:
-        key = site_layer_of(folder)
-        if key in dirs:
-            raise InputError(f"{folder}: {key[0]} layer {key[1]} given twice")
-        dirs[key] = folder
-    return write_feature_browser(dirs, out_html, n_top=n_top, n_per_band=n_per_band)
+def _summary(folder: Path) -> dict[str, Any]:
+    path = folder / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read the features stage's summary: {e}") from e
+    missing = [k for k in INDEX_KEYS if k not in summary]
+    if missing:
+        raise InputError(f"{path}: missing {', '.join(missing)}")
+    return summary
+
+
+INDEX_KEYS = ("n_features", "n_tokens", "dead_fraction", "dense_fraction")
+
+
+def index_rows(folders: list[Path | str]) -> pd.DataFrame:
+    """One row per dictionary, in forward-pass order of (layer, site): its site, layer, kind,
+    features, dead and dense fractions and tokens read (summary.json) and its page."""
+    rows, seen = [], set()
+    for folder in map(Path, folders):
+        site, layer = site_layer_of(folder)
+        if (site, layer) in seen:
+            raise InputError(f"{folder}: {site} layer {layer} given twice")
+        seen.add((site, layer))
+        s = _summary(folder)
+        rows.append({
+            "dictionary": dictionary_anchor(site, layer), "site": site, "layer": layer,
+            "kind": s.get("dictionary_kind") or s.get("dictionary") or "n/a",
+            "n_features": int(s["n_features"]), "dead_fraction": s["dead_fraction"],
+            "dense_fraction": s["dense_fraction"], "n_tokens": int(s["n_tokens"]),
+            "page": dictionary_page(site, layer),
+        })  # fmt: skip
+    if not rows:
+        raise InputError("feature browser: no feature directories given")
+    return pd.DataFrame(rows).sort_values(["layer", "site"], ignore_index=True)
+
+
+def _percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * float(f'{x:.3g}'):.3g}%"
+
+
+# Sends an old single-page address (`features.html#resid_post.1.f355`) on to its page.
+REDIRECT_JS = """(function () {
+  const pages = JSON.parse(document.getElementById("pages").textContent);
+  let target = location.hash.slice(1);
+  try { target = decodeURIComponent(target); } catch (e) { /* match it as it is */ }
+  const m = /^(.*?)(\\.f\\d+)?$/.exec(target);
+  if (target && pages[m[1]]) location.replace(pages[m[1]] + "#" + target);
+})();"""
+
+
+def index_html(rows: pd.DataFrame, title: str = "Feature browser") -> str:
+    """The index: a row per dictionary (index_rows) linking to its page."""
+    head = ("<tr><th>dictionary</th><th>kind</th><th>features</th><th>dead</th><th>dense</th>"
+            "<th>tokens read</th></tr>")  # fmt: skip
+    body = "".join(
+        f'<tr id="{html.escape(r.dictionary)}" data-dictionary="{html.escape(r.dictionary)}">'
+        f'<td><a href="{html.escape(r.page)}">{html.escape(r.site)} layer {r.layer}</a></td>'
+        f"<td>{html.escape(r.kind)}</td><td class='num'>{r.n_features}</td>"
+        f"<td class='num'>{_percent(r.dead_fraction)}</td>"
+        f"<td class='num'>{_percent(r.dense_fraction)}</td>"
+        f"<td class='num'>{r.n_tokens}</td></tr>"
+        for r in rows.itertuples()
+    )
+    intro = (
+        '<p class="help">One page per dictionary the run has, each with its features\' table '
+        "(sortable by density and activation, searchable by index, label and token) and cards "
+        "(activation histogram, highlighted contexts, logit effects). dead: features that never "
+        "fired on the tokens the features stage read; dense: those that fired on more than its "
+        "features.dense_threshold of them. A graph page's click on a feature opens its card "
+        "(<code>features/{site}/layer_{layer}.html#site.layer.fINDEX</code>).</p>"
+    )
+    pages = {r.dictionary: r.page for r in rows.itertuples()}
+    table = f'<table class="dictionaries"><thead>{head}</thead><tbody>{body}</tbody></table>'
+    data = f'<script type="application/json" id="pages">{_json_for_script(pages)}</script>'
+    return _page(title, intro + table + data, REDIRECT_JS)
+
+
+def write_index(folders: list[Path | str], out_html: Path | str) -> Path:
+    """Write the index of the dictionaries whose folders are `folders` (each named once) to
+    `out_html` (report/features.html; the pages beside it in features/), atomically."""
+    write_text(out_html, index_html(index_rows(folders)))
+    return Path(out_html)

@@ -5,7 +5,8 @@ interventions' steering results, the graph's own faithfulness and completeness a
 the flags on the interventions' numbers. Each page's sections and figures are in `pages/`
 (`sae`, `baseline`, `behaviour`, `provenance`, `gpu_hours`), built with the HTML kit `html.py`
 from other stages' files read through `inputs.py`; the job costs' tables are in `job_costs.py`.
-report_features's feature browser is `features_page.py`.
+The feature browser (report_features_dictionary's pages, report_features's index) is
+`features_page.py`.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def graph_page(name: str, attribution_dir, interventions_dir, out_html, features
     steered feature's card adds the tokens it promotes (interventions/steering.parquet), and
     the header the graph's own faithfulness and completeness as a circuit with the flags on the
     interventions' numbers (interventions/summary.json). This is the copy the report shows.
-    `features_html`: the feature browser's path (report/features.html), where each feature
-    links to its card; None: no links."""
+    `features_html`: the feature browser's index (report/features.html), beside whose
+    dictionary pages a click on a feature opens its card; None: no links."""
     attr, iv = Path(attribution_dir), Path(interventions_dir)
     graph = inputs.json_of(attr / "graph.json", ("nodes", "edges"), "attribution", "graph")
     contexts = inputs.table_of(attr / "feature_contexts.parquet", (), "attribution", "contexts")

@@ -38,7 +38,8 @@ def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts
                summary: dict[str, Any], labels: dict[int, dict[int, str]] | None = None,
                ) -> dict[str, Any]:  # fmt: skip
     """What the page needs of one graph; a feature's label (its clerp) from `labels` (by layer,
-    then feature; empty where there is none) and its card's anchor in the feature browser."""
+    then feature; empty where there is none), its card's anchor and its card in the feature
+    browser (relative to the browser's index, Node.card)."""
     labels = labels or {}
     kinds = graph.kinds()
     node_cum = pruned.cumulative
@@ -60,7 +61,8 @@ def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts
             node |= {"layer": layer, "feature": feat, "activation": float(graph.activations[i]),
                      "context": context_key(layer, feat),
                      "label": labels.get(layer, {}).get(feat, ""),
-                     "anchor": Node("feature", layer, feat, "mlp_out").anchor}  # fmt: skip
+                     "anchor": Node("feature", layer, feat, "mlp_out").anchor,
+                     "card": Node("feature", layer, feat, "mlp_out").card}  # fmt: skip
         elif kind == "error":
             node["layer"] = graph.write_layer(i)
         elif kind == "logit":
@@ -118,15 +120,18 @@ The thresholds re-prune as circuit-tracer does: the most influential nodes (edge
 share of the total influence on the logit is covered. Hover a node for its card (a feature's
 with its label, made by the features stage from its top tokens), an edge for its weight and the
 attention heads that carry it between positions. Where the run has the feature browser
-(report/features.html), a click on a feature opens its card there.</p>
+(report/features.html) and this page is opened from the results folder, a click on a feature
+opens its card from the browser in a panel on the right (with a link to open it in a new tab);
+the copy inside the Snakemake report cannot reach the browser's pages, so there it does not.</p>
 """
 
 
 def page_html(title: str, graphs: list[dict[str, Any]], contexts: pd.DataFrame | None,
               node_threshold: float, edge_threshold: float,
               features_href: str | None = None) -> str:  # fmt: skip
-    """The page; `features_href`: the feature browser relative to it (page.browser_href),
-    where a click on a feature node opens its card; None: no links."""
+    """The page; `features_href`: the feature browser's folder relative to it
+    (page.browser_href), whose card of a clicked feature node the page shows in a panel; None:
+    no links."""
     data = {
         "graphs": graphs,
         "contexts": feature_contexts(contexts),
@@ -148,5 +153,6 @@ def page_html(title: str, graphs: list[dict[str, Any]], contexts: pd.DataFrame |
         '<div id="graph-scroll"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div>'
         '<div id="card" hidden></div>'
         f'<script type="application/json" id="graph-data">{script_data}</script>'
+        f"<script>{_asset('feature_panel.js')}</script>"
         f"<script>{_asset('prompt_graph_page.js')}</script></body></html>\n"
     )

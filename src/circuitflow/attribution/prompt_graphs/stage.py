@@ -105,8 +105,9 @@ def run(
     """Write `out_dir` (replaced whole, atomically): the graph files, graph-metadata.json,
     summary.json, feature_contexts.parquet (the kept features' top contexts from the features
     stage's `feature_dirs`, which also label the features; empty without them); then
-    `page_path` (default: `out_dir` with .html), the page, whose feature nodes link their cards
-    in the feature browser `features_html` (none without); return the summary."""
+    `page_path` (default: `out_dir` with .html), the page, whose feature nodes open their cards
+    from the feature browser whose index is `features_html` (none without); return the
+    summary."""
     from circuitflow.model.load import load_model
 
     cfg = AttributionConfig.from_dict(config["attribution"])
