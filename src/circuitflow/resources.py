@@ -111,7 +111,7 @@ RULES = {
     # the feature browser: a page per dictionary (grows with its features), and their index
     "report_features_dictionary": Rule("light", "report", browser_plan),
     "report_features": Rule("light", "report"),
-    "report_gpu_hours": Rule("light", "architectures"),  # TransformerLens's model configs
+    "report_gpu_hours": Rule("light", "report"),  # plans real models from their shapes alone
     "provenance_run": Rule("light", "base"),
     "job_costs": Rule("light", "report"),
 }

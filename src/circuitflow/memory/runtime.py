@@ -21,10 +21,8 @@ RUNTIME_MODULES = {
     "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     "model": ("circuitflow.config", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
-    # report_gpu_hours: the report's modules and TransformerLens (the architectures' configs)
-    "architectures": ("circuitflow.config", "circuitflow.report.stage", "transformer_lens"),
 }  # fmt: skip
-RUNTIME_MB = {"base": 272, "report": 403, "model": 625, "architectures": 561}
+RUNTIME_MB = {"base": 272, "report": 403, "model": 625}
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.

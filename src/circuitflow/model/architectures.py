@@ -15,32 +15,56 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where a model is built: planning needs only the shapes
+    import torch
+
+
+# Each architecture's TransformerLens config fields.
+GPT2_SMALL = {
+    "n_layers": 12,
+    "d_model": 768,
+    "n_heads": 12,
+    "d_head": 64,
+    "d_mlp": 3072,
+    "n_ctx": 1024,
+    "d_vocab": 50257,
+    "act_fn": "gelu_new",
+    "normalization_type": "LN",
+    "positional_embedding_type": "standard",
+    "eps": 1e-5,
+    "original_architecture": "GPT2LMHeadModel",
+}
+QWEN25_05B = {
+    "n_layers": 24,
+    "d_model": 896,
+    "n_heads": 14,
+    "n_key_value_heads": 2,
+    "d_head": 64,
+    "d_mlp": 4864,
+    "n_ctx": 32768,
+    "d_vocab": 151936,
+    "act_fn": "silu",
+    "gated_mlp": True,
+    "normalization_type": "RMS",
+    "final_rms": True,
+    "positional_embedding_type": "rotary",
+    "rotary_dim": 64,
+    "rotary_base": 1_000_000,
+    "rotary_adjacent_pairs": False,
+    "use_attn_scale": True,
+    "eps": 1e-6,
+    "initializer_range": 0.02,
+    "original_architecture": "Qwen2ForCausalLM",
+}
 
 
 def gpt2_small(**overrides: Any):
     """GPT-2 small (124M): 12 layers, d_model 768, 12 heads, MLP 3072, vocabulary 50257."""
     from transformer_lens import HookedTransformerConfig
 
-    return HookedTransformerConfig(
-        **{
-            "n_layers": 12,
-            "d_model": 768,
-            "n_heads": 12,
-            "d_head": 64,
-            "d_mlp": 3072,
-            "n_ctx": 1024,
-            "d_vocab": 50257,
-            "act_fn": "gelu_new",
-            "normalization_type": "LN",
-            "positional_embedding_type": "standard",
-            "eps": 1e-5,
-            "original_architecture": "GPT2LMHeadModel",
-            **overrides,
-        }
-    )
+    return HookedTransformerConfig(**{**GPT2_SMALL, **overrides})
 
 
 def qwen25_05b(**overrides: Any):
@@ -48,34 +72,11 @@ def qwen25_05b(**overrides: Any):
     d_head 64, SwiGLU MLP 4864, RMSNorm, rotary positions, vocabulary 151936."""
     from transformer_lens import HookedTransformerConfig
 
-    return HookedTransformerConfig(
-        **{
-            "n_layers": 24,
-            "d_model": 896,
-            "n_heads": 14,
-            "n_key_value_heads": 2,
-            "d_head": 64,
-            "d_mlp": 4864,
-            "n_ctx": 32768,
-            "d_vocab": 151936,
-            "act_fn": "silu",
-            "gated_mlp": True,
-            "normalization_type": "RMS",
-            "final_rms": True,
-            "positional_embedding_type": "rotary",
-            "rotary_dim": 64,
-            "rotary_base": 1_000_000,
-            "rotary_adjacent_pairs": False,
-            "use_attn_scale": True,
-            "eps": 1e-6,
-            "initializer_range": 0.02,
-            "original_architecture": "Qwen2ForCausalLM",
-            **overrides,
-        }
-    )
+    return HookedTransformerConfig(**{**QWEN25_05B, **overrides})
 
 
 ARCHITECTURES = {"gpt2-small": gpt2_small, "qwen2.5-0.5b": qwen25_05b}
+FIELDS = {"gpt2-small": GPT2_SMALL, "qwen2.5-0.5b": QWEN25_05B}
 # model.name spellings (lower case) of the pipeline's configs -> architecture key.
 MODEL_NAMES = {
     "gpt2": "gpt2-small",
@@ -97,12 +98,34 @@ def config(name: str, **overrides: Any):
     return ARCHITECTURES[name](**overrides)
 
 
+# The fields planning reads (n_params, the memory planner, FLOPs), with TransformerLens's
+# defaults where an architecture leaves one out.
+SHAPE_DEFAULTS = {"n_key_value_heads": None, "gated_mlp": False}
+SHAPE_FIELDS = (
+    "n_layers", "d_model", "n_heads", "d_head", "n_key_value_heads", "d_mlp", "d_vocab", "n_ctx",
+    "gated_mlp", "normalization_type", "positional_embedding_type", "act_fn",
+)  # fmt: skip
+
+
+def shape(name: str) -> SimpleNamespace:
+    """Architecture `name`'s shape as planning reads it (SHAPE_FIELDS), without
+    TransformerLens: its import (about 5 s of CPU) would be paid by every dry run of a real
+    model's config and every job that plans one (tests/model check it against `config`)."""
+    if name not in FIELDS:
+        raise ValueError(f"unknown architecture {name!r}; known: {', '.join(FIELDS)}")
+    fields = SHAPE_DEFAULTS | FIELDS[name]
+    return SimpleNamespace(**{k: fields[k] for k in SHAPE_FIELDS})
+
+
 def build(
-    name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides
+    name: str, device: str = "cpu", dtype: torch.dtype | None = None, seed: int = 0, **overrides
 ):
-    """A HookedTransformer of architecture `name` with random weights, in eval mode
-    (`overrides`: fields of its config, such as n_layers for a smoke test)."""
+    """A HookedTransformer of architecture `name` with random weights, in eval mode, in float32
+    unless `dtype` says (`overrides`: fields of its config, such as n_layers for a smoke test)."""
+    import torch
     from transformer_lens import HookedTransformer
+
+    dtype = torch.float32 if dtype is None else dtype
 
     cfg = config(name, device=device, dtype=dtype, seed=seed, **overrides)
     return HookedTransformer(cfg).eval()
@@ -227,7 +250,7 @@ def model_cfg(pipeline_config: dict):
         return from_hf_config(read_hf_config(model["name"]))
     key = architecture_key(model["name"])
     if key:
-        return config(key)
+        return shape(key)
     n_layers = model["n_layers"] or max(pipeline_config["layers"]) + 1
     hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
     return from_hf_config(hf)

@@ -55,7 +55,7 @@ def gpu_presets(
     for gpu in gpus:
         available = gpu.memory_bytes - CUDA_RESERVED
         for name in models:
-            cfg = architectures.config(name)
+            cfg = architectures.shape(name)
             n_params = architectures.n_params(cfg)
             d, layers = cfg.d_model, cfg.n_layers
             d_sae = trained_width(None, PRESET_SAE[1], d)
