@@ -77,36 +77,40 @@ def test_rerun_is_a_no_op(default_results, tmp_path):
     assert sha256_file(default_results / "prompts" / "induction.parquet") == before
 
 
-def test_jobs_keep_the_callers_pythonpath(tmp_path):
-    """A job's PYTHONPATH is the project's src/ followed by the caller's (a module loaded on
-    CSD3 often sets it): a sitecustomize on the caller's path runs inside the `check` job."""
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def check_job(tmp_path_factory):
+    """The `check` job, run by Snakemake with a caller's PYTHONPATH (a module loaded on CSD3
+    often sets one) and model.hf_cache set: a sitecustomize on that path records, inside the
+    stage job, its command line and the hub cache huggingface_hub reads. One run, two tests."""
+    root = tmp_path_factory.mktemp("check-job")
+    site = root / "site"
     site.mkdir()
-    marker = tmp_path / "ran.txt"
-    (site / "sitecustomize.py").write_text(
-        "import atexit, sys\n"
-        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(' '.join(sys.argv) + '\\n'))\n"
-    )
-    run_snakemake({}, tmp_path / "run", "check", env={"PYTHONPATH": str(site)})
-    assert "check_env.py" in marker.read_text()
-
-
-def test_jobs_see_model_hf_cache_as_their_hub_cache(tmp_path):
-    """model.hf_cache is HF_HOME from the job's first line: huggingface_hub and transformers
-    read it once, when imported, so setting it inside the stage would leave them on ~/.cache."""
-    site = tmp_path / "site"
-    site.mkdir()
-    seen = tmp_path / "seen.txt"
+    ran, seen = root / "ran.txt", root / "seen.txt"
     (site / "sitecustomize.py").write_text(
         "import atexit, sys\n"
         "def record():\n"
         "    from huggingface_hub import constants\n"
+        f"    open({str(ran)!r}, 'a').write(' '.join(sys.argv) + '\\n')\n"
         f"    open({str(seen)!r}, 'w').write(constants.HF_HUB_CACHE)\n"
         # Snakemake itself runs with this PYTHONPATH too: record only the stage job.
         "if sys.argv[0].endswith('check_env.py'):\n"
         "    atexit.register(record)\n"
     )
-    cache = tmp_path / "hf cache"
+    cache = root / "hf cache"
     config = {"model": {"name": "embedded", "hf_cache": str(cache)}}
-    run_snakemake(config, tmp_path / "run", "check", env={"PYTHONPATH": str(site)})
+    run_snakemake(config, root / "run", "check", env={"PYTHONPATH": str(site)})
+    return ran, seen, cache
+
+
+def test_jobs_keep_the_callers_pythonpath(check_job):
+    """A job's PYTHONPATH is the project's src/ followed by the caller's: the sitecustomize on
+    the caller's path ran inside the `check` job."""
+    ran, _, _ = check_job
+    assert "check_env.py" in ran.read_text()
+
+
+def test_jobs_see_model_hf_cache_as_their_hub_cache(check_job):
+    """model.hf_cache is HF_HOME from the job's first line: huggingface_hub and transformers
+    read it once, when imported, so setting it inside the stage would leave them on ~/.cache."""
+    _, seen, cache = check_job
     assert seen.read_text() == str(cache / "hub")
