@@ -26,7 +26,11 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # Whole-DAG runs each test session shares (fixture -> pytest-xdist group). `make test` runs four
 # workers with --dist loadgroup: the tests that read one run go to one worker, which computes
 # it first (the run's group is handed out first).
-SHARED_RUNS = {"default_results": "default-run", "small_results": "small-run"}
+SHARED_RUNS = {
+    "default_results": "default-run",
+    "small_results": "small-run",
+    "local_hf_results": "local-hf-run",
+}
 # Modules that read a shared run from a second group, handed out right after the runs and the
 # longest test: its worker waits for the run (computed once, by whichever worker asks first:
 # shared_run), then runs them beside the first group's tests instead of after them. Handed out
@@ -145,3 +149,41 @@ def small_results(tmp_path_factory, worker_id) -> Path:
     config = load_test_config("small")
     return shared_run("small-run", tmp_path_factory, worker_id,
                       lambda workdir: run_snakemake(config, workdir, nice=0))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def local_hf_results(tiny_hf_model_dir, tmp_path_factory, worker_id) -> Path:
+    """The DAG up to capture on the tiny local Hugging Face model (tiny_hf_model_dir), hub
+    offline, from a local text corpus: prefetch_model (a localrule), two behaviours' prompts and
+    baselines, and a capture of two sites and layers in two shards, merged. Once per session:
+    tests/model/test_model_loading.py reads the model path, tests/workflow/test_capture_shards.py
+    the shards. Snakemake's output is kept in snakemake.log beside the results."""
+    from circuitflow.prompts import CAPITALS, IOI_TEMPLATES
+
+    def run(workdir: Path) -> None:
+        corpus = workdir / "corpus.txt"
+        lines = [t.replace("{A}", "Mary").replace("{B}", "John") for t in IOI_TEMPLATES]
+        lines += [f"The capital of {c} is the city of {k}" for c, k in CAPITALS.items()]
+        corpus.write_text("\n".join(lines * 40) + "\n")
+        config = {
+            "model": {"name": str(tiny_hf_model_dir)},
+            "behaviours": {
+                "ioi": {"source": "ioi", "n_prompts": 16},
+                "capitals": {"source": "factual_recall", "n_prompts": 16},
+            },
+            "sites": ["resid_post", "mlp_out"],
+            # 100 contexts of 31 rows (BOS left out) in checkpoint units of 20: two shards.
+            "capture": {"corpus": str(corpus), "n_tokens": 3100, "context_length": 32,
+                        "shards": 2, "checkpoint_tokens": 620, "dtype": "float32"},
+        }  # fmt: skip
+        results = workdir / "results"
+        targets = [results / "baseline" / f"{b}.json" for b in ("ioi", "capitals")]
+        targets += [
+            results / "activations" / site / f"layer_{layer}.h5"
+            for site in ("resid_post", "mlp_out")
+            for layer in (0, 1)
+        ]
+        done = run_snakemake(config, workdir, *map(str, targets))
+        (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
+
+    return shared_run("local-hf-run", tmp_path_factory, worker_id, run)

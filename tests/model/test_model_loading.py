@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers.dag import read_json, run_snakemake
+from helpers.dag import read_json
 
 from circuitflow import config as cf
 from circuitflow.devices import resolve_dtype
@@ -105,28 +105,12 @@ def test_file_prompts_borrow_a_corrupted_twin_or_fail_clearly(tiny_hf_model_dir,
         file_prompts(lonely, encoder, np.random.default_rng(0), 10)
 
 
-def test_dag_on_a_local_hugging_face_model(tiny_hf_model_dir, tmp_path):
+def test_dag_on_a_local_hugging_face_model(local_hf_results):
     """prefetch_model (a localrule), prompts, baseline and capture from a local text corpus
-    through Snakemake, hub offline."""
-    from circuitflow.prompts import CAPITALS, IOI_TEMPLATES
-
-    corpus = tmp_path / "corpus.txt"
-    lines = [t.replace("{A}", "Mary").replace("{B}", "John") for t in IOI_TEMPLATES]
-    lines += [f"The capital of {c} is the city of {k}" for c, k in CAPITALS.items()]
-    corpus.write_text("\n".join(lines * 40) + "\n")
-    config = {
-        "model": {"name": str(tiny_hf_model_dir)},
-        "behaviours": {
-            "ioi": {"source": "ioi", "n_prompts": 16},
-            "capitals": {"source": "factual_recall", "n_prompts": 16},
-        },
-        "capture": {"corpus": str(corpus), "n_tokens": 4096, "context_length": 32},
-    }
-    results = tmp_path / "results"
-    targets = [results / "baseline" / f"{b}.json" for b in ("ioi", "capitals")]
-    targets += [results / "activations" / "resid_post" / f"layer_{i}.h5" for i in (0, 1)]
-    done = run_snakemake(config, tmp_path, *map(str, targets))
-    assert "localrule prefetch_model" in done.stdout + done.stderr
+    through Snakemake, hub offline (the shared run: conftest's local_hf_results)."""
+    results = local_hf_results
+    log = (results.parent / "snakemake.log").read_text()
+    assert "localrule prefetch_model" in log
     assert read_json(results / "model" / "model.json")["kind"] == "local_hf"
     for behaviour in ("ioi", "capitals"):
         summary = read_json(results / "baseline" / f"{behaviour}.json")
