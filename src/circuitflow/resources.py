@@ -116,6 +116,11 @@ RULES = {
     "job_costs": Rule("light", "report"),
 }
 GPU_RULES = frozenset(name for name, rule in RULES.items() if CLASSES[rule.resource_class].gpu)
+# Rules the workflow defines once per group of layers, each named `<rule>_<group>`: the grouped
+# dictionary sources' and the features stage's.
+PER_GROUP_RULES = frozenset(
+    [s.rule for s in dictionary_sources.SOURCES.values() if s.grouped] + ["features"]
+)
 # Slurm's memory limit over the job's plan (within 25% of measured peaks): a plan that fell 25%
 # short still fits.
 MEM_HEADROOM = 1.25

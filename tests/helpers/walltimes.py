@@ -7,13 +7,14 @@ import re
 import subprocess
 from collections import defaultdict
 
+from circuitflow.resources import PER_GROUP_RULES
 from helpers.dag import REPO, SNAKEMAKE
 
 CONFIGS = ("gpt2-small", "qwen2.5-0.5b", "gpt2-small-res-jb")
 RULE = re.compile(r"^\s*(?:local)?rule (\S+):")
 RUNTIME = re.compile(r"\bruntime=(\d+)")
 # One row per rule, whatever its wildcards or group (train_sae_stream_resid_post_layer_0_to_11).
-FAMILY = re.compile(r"^(train_sae_stream|pretrained_sae|features)_.*")
+FAMILY = re.compile(rf"^({'|'.join(sorted(PER_GROUP_RULES))})_.*")
 
 
 def dry_run_walltimes(name: str) -> dict[str, list[int]]:

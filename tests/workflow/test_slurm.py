@@ -25,10 +25,7 @@ from helpers.dag import REPO, SNAKEMAKE, load_test_config, profile_cluster, run_
 from circuitflow import config as cf_config
 from circuitflow import resources
 from circuitflow.cluster import Cluster
-from circuitflow.resources import GPU_RULES
-
-# Rules defined once per group of sites and layers, named `<rule>_<group>`.
-GROUPED_RULES = ("train_sae_stream", "pretrained_sae", "features")
+from circuitflow.resources import GPU_RULES, PER_GROUP_RULES
 
 pytestmark = pytest.mark.slow
 TINY = load_test_config("tiny")
@@ -284,7 +281,7 @@ def test_another_cluster_is_one_profile_folder(tmp_path):
         line = sbatch_line(job)
         assert "-A lab-gpu" in line, line
         # A rule defined per group (features_layers_0_to_11) has its table row's name.
-        row = next((r for r in GROUPED_RULES if job["rule"].startswith(f"{r}_")), job["rule"])
+        row = next((r for r in PER_GROUP_RULES if job["rule"].startswith(f"{r}_")), job["rule"])
         if row in GPU_RULES:
             assert "-p gpu" in line and "--gres=gpu:1" in line, line
         else:

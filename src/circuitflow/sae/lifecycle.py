@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from circuitflow import memory
+from circuitflow.dictionary_sources import TRAINING_KEPT
 from circuitflow.errors import CheckpointError
 from circuitflow.io import atomic_dir, write_json
 from circuitflow.perf import PassCounter
@@ -61,11 +62,11 @@ METRICS_KEYS = (
 )  # fmt: skip
 
 # `sae` keys that cannot change a trained dictionary, so a checkpoint survives their edit: the
-# evaluation and the checkpoint cadence, where it runs (a retry may land on another device), and
-# the other sources' sections (`sae.stream`: a stream group's members are in its fingerprint
-# and its forward batch is kept by the checkpoint; `sae.pretrained`: nothing is trained). The
-# rest of the run (walltimes, resources, the report) is outside the `sae` section altogether.
-NOT_DICTIONARY_KEYS = ("checkpoint_every_tokens", "eval_contexts", "device", "stream", "pretrained")
+# training sources' kept keys (their records': the evaluation, the checkpoint cadence, the other
+# sources' sections; `sae.stream`: a stream group's members are in its fingerprint and its
+# forward batch is kept by the checkpoint), and where it runs (a retry may land on another
+# device). The rest of the run (walltimes, resources, the report) is outside the `sae` section.
+NOT_DICTIONARY_KEYS = (*(k.removeprefix("sae.") for k in TRAINING_KEPT), "device")
 
 
 # --- resume ---------------------------------------------------------------------------------------
