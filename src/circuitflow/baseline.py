@@ -191,26 +191,3 @@ def run(config: dict, behaviour: str, prompts_path: Path | str, model_json: Path
     write_parquet(out_parquet, scores)
     write_json(out_json, summary | {"calibration": json_records(table)})
     return summary
-
-
-# --- the job plan (rule baseline), for circuitflow.resources (the rule table) ---------------------
-def job_bytes(config: dict, rule: str, device: str) -> int:
-    """Host bytes of a baseline job's work: the model (model.plan.model_bytes)."""
-    from circuitflow.model.plan import model_bytes
-
-    return model_bytes(config, device)
-
-
-def job_work(config: dict, rule: str, behaviour: str | None = None):
-    """Two forward passes a prompt (clean, corrupted) of the behaviour's prompts."""
-    from circuitflow.memory import model_dtype, n_prompts, prompt_length
-    from circuitflow.model import architectures
-    from circuitflow.model.flops import forward_flops_per_token
-    from circuitflow.perf import Work
-
-    cfg = architectures.model_cfg(config)
-    plen = prompt_length(config, cfg)
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
-    return Work(
-        {dtype: 2 * n_prompts(config, behaviour) * plen * forward_flops_per_token(cfg, plen)}
-    )

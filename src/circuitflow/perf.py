@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a device is timed: the plans (Snakemake's) never import it
+    import torch
 
 # Dense (no sparsity) datasheet peaks in FLOP/s by GPU and compute dtype. float32 matmuls on
 # Ampere and newer run as TF32 once devices.enable_fast_math has switched it on.
@@ -59,13 +61,19 @@ def nominal_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | No
 
 def synchronize(device: str) -> None:
     if str(device).startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize()
 
 
 def measured_peak_flops(
-    device: str, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5, rounds: int = 3
+    device: str, dtype: torch.dtype | None = None, n: int = 2048, reps: int = 5, rounds: int = 3
 ) -> float:
-    """The best rate of an n x n x n matmul on `device` in `dtype` over `rounds` rounds."""
+    """The best rate of an n x n x n matmul on `device` in `dtype` (float32 when None) over
+    `rounds` rounds."""
+    import torch
+
+    dtype = dtype or torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up (kernel selection, thread pool)

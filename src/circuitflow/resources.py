@@ -2,7 +2,7 @@
 
 Each rule names one resource class (`RULES`), and `CLASSES` maps a class to its GPUs, threads
 and walltime; the rule adds what its process imports (its runtime memory,
-memory.runtime.RUNTIME_MB) and its stage's plan module (`<stage>/plan.py`, or baseline.py):
+memory.runtime.RUNTIME_MB) and its stage's plan module (`<stage>/plan.py`, or baseline_plan.py):
 `job_bytes` (the host memory of its work at the config's batch sizes) and `job_work` (its counted
 work: FLOPs of its passes, bytes through the disk). The rules call these through the helpers at
 the end of workflow/rules/common.smk; a Slurm profile turns them into sbatch options, and states
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from circuitflow import baseline, dictionary_sources, measured, perf
+from circuitflow import baseline_plan, dictionary_sources, measured, perf
 from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
@@ -88,7 +88,7 @@ RULES = {
     "train_model": Rule("cpu", "model", model_plan),
     "prefetch_model": Rule("cpu", "model", model_plan),  # a localrule: the login node
     "prompts": Rule("cpu", "model", imports_embedded="report"),  # a real model's tokenizer
-    "baseline": Rule("gpu", "model", baseline),
+    "baseline": Rule("gpu", "model", baseline_plan),
     "provenance": Rule("cpu", "base"),
     "capture_tokens": Rule("cpu", "model", capture_plan, imports_embedded="base"),
     "capture": Rule("gpu", "model", capture_plan, resumable=True),

@@ -55,9 +55,11 @@ def layers_per_job(config: dict, cluster=None, on_gpu: bool | None = None) -> in
     source, plan = dictionary_sources.get(config), group_plan(config)
     rule = source.rule
     cluster = cluster or Cluster()
-    if on_gpu is None:
+    if config["model"]["name"] == "embedded":
+        return 1
+    if on_gpu is None:  # asks torch whether this machine has a GPU where no profile says
         on_gpu = jobs_get_a_gpu(config, cluster)
-    if config["model"]["name"] == "embedded" or not on_gpu:
+    if not on_gpu:
         return 1
     budget = FRACTION * GPU_MEMORY_BYTES[cluster.gpu_type]
     for n in range(len(members), 0, -1):

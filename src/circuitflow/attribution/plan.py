@@ -4,15 +4,18 @@ counted work for circuitflow.resources (the rule table)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from circuitflow.attribution import methods
 from circuitflow.description import Run, describe
-from circuitflow.memory import Estimate, dtype_bytes, load_bytes, model_dtype
+from circuitflow.memory import Estimate, dtype_bytes, load_bytes, model_dtype_name
 from circuitflow.memory.planning import mlp_copies, model_dims
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
 from circuitflow.sae.plan import sae_param_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 
 def passes(
@@ -81,7 +84,7 @@ def estimate_attribution(
     prompt_length: int,
     n_saes: int,
     d_sae: int,
-    compute_dtype: torch.dtype,
+    compute_dtype: torch.dtype | str,
     device: str,
     method: str = "ig",
     kept_prompts: int = 0,
@@ -145,7 +148,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     kept = min(attr["validation_prompts"], run.n_prompts(None, attr.get("max_prompts")))
     est = estimate_attribution(
         run.model.cfg, n_params, run.prompt_length, len(run.spliced), d_sae,
-        model_dtype(config, device), device, attr["method"], kept,
+        model_dtype_name(config, device), device, attr["method"], kept,
     )  # fmt: skip
     work = est.host_peak(int(attr["batch_size"])) + contexts_bytes(config, run)
     return max(0 if run.model.embedded else load_bytes(n_params), work)
@@ -172,5 +175,5 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     acfg = AttributionConfig.from_dict(config["attribution"])
     n = run.n_prompts(behaviour, acfg.max_prompts)
     parts, per_pass = prompt_work(run, acfg, n)
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    dtype = model_dtype_name(config, "cuda")
     return Work({dtype: n * sum(parts.values()) * per_pass})

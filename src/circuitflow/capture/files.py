@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +30,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from circuitflow.capture.plan import chunk_rows_for
 from circuitflow.errors import ActivationFileError
 from circuitflow.io import atomic_path
 from circuitflow.nodes import hook_name
 
 log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".partial"
-CHUNK_BYTES = 1 << 20  # target HDF5 chunk size
 _RESUME_ATTRS = ("resume_key", "done_contexts", "batch_size")
 REQUIRED_ATTRS = (
     "hook_name",
@@ -61,11 +60,6 @@ def partial_path(path: Path | str) -> Path:
 
 
 # --- the partial files ----------------------------------------------------------------------------
-def chunk_rows_for(d_in: int, itemsize: int, n_rows: int) -> int:
-    rows = 1 << max(6, int(math.log2(max(1, CHUNK_BYTES // (d_in * itemsize)))))
-    return max(1, min(rows, n_rows))
-
-
 def _create_preallocated(f: h5py.File, name: str, shape, dtype, chunks) -> None:
     """A chunked dataset whose space is allocated now and never filled: later writes change only
     raw data, no HDF5 metadata, so a kill between flushes cannot corrupt the file's structure."""

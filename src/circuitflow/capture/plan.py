@@ -12,7 +12,7 @@ from circuitflow.memory import (
     dtype_bytes,
     estimate_forward,
     load_bytes,
-    model_dtype,
+    model_dtype_name,
 )
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
@@ -22,6 +22,14 @@ from circuitflow.perf import Work
 TOKENIZE_TOKENS_PER_S = 1e5
 # The capture writer's cache per captured hook (files.ActivationWriter's chunk cache).
 WRITE_BUFFER_BYTES = 8 * MiB
+CHUNK_BYTES = 1 << 20  # target HDF5 chunk size of the activation files (capture/files.py)
+
+
+def chunk_rows_for(d_in: int, itemsize: int, n_rows: int) -> int:
+    """Rows of an activation file's HDF5 chunk: about CHUNK_BYTES, a power of two (at least 64),
+    at most the file's rows. Here, not in capture/files.py (h5py): the SAE plan reads it."""
+    rows = 1 << max(6, int(math.log2(max(1, CHUNK_BYTES // (d_in * itemsize)))))
+    return max(1, min(rows, n_rows))
 
 
 def context_length(config: dict, model_cfg) -> int:
@@ -67,7 +75,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     n_params = architectures.n_params(cfg)
     hooks = capture_hooks(config)
     t = context_length(config, cfg)
-    dtype = model_dtype(config, device)
+    dtype = model_dtype_name(config, device)
     est = estimate_forward(
         cfg, n_params, t, cfg.n_layers, hooks, dtype, capture["dtype"], device,
         buffers=hooks * WRITE_BUFFER_BYTES,
@@ -94,7 +102,7 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | No
     flops = n_contexts * t * forward_flops_per_token(cfg, t, depth, unembed=False) / shards
     itemsize = dtype_bytes(capture["dtype"])
     written = n_contexts * per_context * capture_hooks(config) * cfg.d_model * itemsize / shards
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    dtype = model_dtype_name(config, "cuda")
     return Work({dtype: flops}, disk_bytes=written)
 
 

@@ -23,7 +23,8 @@ import torch
 
 from circuitflow import memory
 from circuitflow.capture.config import CaptureConfig
-from circuitflow.capture.files import CHUNK_BYTES, PartialFile
+from circuitflow.capture.files import PartialFile
+from circuitflow.capture.plan import CHUNK_BYTES
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 

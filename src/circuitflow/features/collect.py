@@ -53,6 +53,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# The histogram's bins, the quantile bands and the state's size: features/state.py (no numpy or
+# torch there: the features plan reads them).
+from circuitflow.features.state import LOG_BINS, LOG_DECADES, N_BINS, QUANTILE_BANDS, state_bytes
+
 __all__ = [
     "BIN_EDGES",
     "LOG_DENSITY_EDGES",
@@ -63,12 +67,10 @@ __all__ = [
     "state_bytes",
 ]
 
-BIN_EDGES = np.concatenate([[0.0], 10.0 ** np.linspace(-3, 3, 61), [np.inf]]).astype(np.float32)
-N_BINS = len(BIN_EDGES) - 1
+BIN_EDGES = np.concatenate(
+    [[0.0], 10.0 ** np.linspace(*LOG_DECADES, LOG_BINS + 1), [np.inf]]
+).astype(np.float32)
 LOG_DENSITY_EDGES = np.linspace(-10.0, 0.0, 41)
-# Quantile bands of a feature's positive activations: [0, 25%), [25%, 50%), [50%, 75%),
-# [75%, 95%), [95%, 100%]; a bin goes to the band holding the quantile at its middle.
-QUANTILE_BANDS = (0.0, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 _LOW32 = 0xFFFFFFFF
 _LOW31 = 0x7FFFFFFF
@@ -159,11 +161,6 @@ class FeatureStats:
     dense: np.ndarray
     dense_threshold: float
     seed: int
-
-
-def state_bytes(n_features: int, k: int, samples: int) -> int:
-    """Bytes of a Collector's state, for a planner: it depends on nothing else."""
-    return n_features * (20 + 8 * (N_BINS + k + N_BINS * samples))
 
 
 class Collector:

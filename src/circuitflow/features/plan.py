@@ -4,7 +4,7 @@ memory (`estimate`, which the stage sizes its batches by) and, for circuitflow.r
 rule table), its host memory (`job_bytes`) and counted work (`job_work`).
 
 A job holds the model, every dictionary of its group (fp32) and one `collect.Collector` per
-dictionary, whose state is `collect.state_bytes(F, k, samples)` whatever the number of tokens:
+dictionary, whose state is `state.state_bytes(F, k, samples)` whatever the number of tokens:
 the streaming top-k merge's memory bound. A batch of the pass runs the model to the group's
 deepest layer with every dictionary's hook cached, then encodes one dictionary at a time, so
 its working memory is the cached hooks plus the larger of the forward pass's (freed before the
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from circuitflow.capture.plan import context_length, token_set_contexts
 from circuitflow.description import describe
-from circuitflow.features.collect import N_BINS, QUANTILE_BANDS, state_bytes
-from circuitflow.memory import Estimate, estimate_forward, load_bytes, model_dtype
+from circuitflow.features.state import N_BINS, QUANTILE_BANDS, state_bytes
+from circuitflow.memory import Estimate, estimate_forward, load_bytes, model_dtype_name
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
@@ -187,7 +187,7 @@ def readout_host_bytes(config: dict, n_features: int, n_members: int, t: int, vo
 
 def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None = None) -> Estimate:
     """The job's peak memory as a function of its batch (contexts of the pass): the model and
-    the group's dictionaries, every collector's state (`collect.state_bytes`), the forward
+    the group's dictionaries, every collector's state (`state.state_bytes`), the forward
     pass with every member's hook cached (float32), and one dictionary's encode and update;
     the read-out after the pass as its own phase. On a GPU the read-out's tables are host
     memory (`buffers`), with the token set's pages. `d_sae`: the widest member's, where the
@@ -197,7 +197,7 @@ def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None =
     t, _ = per_context(config, cfg)
     d_sae = d_sae or dictionary_width(config, cfg.d_model, group)
     n = len(group.members)
-    dtype = model_dtype(config, device)
+    dtype = model_dtype_name(config, device)
     fwd = estimate_forward(
         cfg, architectures.n_params(cfg), t, group.depth, n, dtype, "float32", device
     )
@@ -276,7 +276,7 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     forward += reread * forward_flops_per_token(cfg, t, group.depth, unembed=False)
     encode += len(group.members) * reread * encode_flops_per_token(cfg.d_model, d_sae)
     logits = len(group.members) * 2.0 * d_sae * cfg.d_model * cfg.d_vocab
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    dtype = model_dtype_name(config, "cuda")
     flops = {"float32": encode + logits}
     flops[dtype] = flops.get(dtype, 0.0) + forward
     return Work(flops, disk_bytes=4 * n_contexts * t)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from circuitflow.description import Run, describe
-from circuitflow.memory import estimate_forward, load_bytes, model_dtype
+from circuitflow.memory import estimate_forward, load_bytes, model_dtype_name
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
 
@@ -62,7 +60,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     iv = config["interventions"]
     batch = int(iv["batch_size"]) * int(iv["runs_per_pass"])
     est = estimate_forward(
-        run.model.cfg, n_params, run.prompt_length, None, 0, torch.float32, "float32", device
+        run.model.cfg, n_params, run.prompt_length, None, 0, "float32", "float32", device
     )
     return max(0 if run.model.embedded else load_bytes(n_params), est.host_peak(batch))
 
@@ -87,5 +85,5 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work:
     icfg = InterventionsConfig.from_dict(config["interventions"])
     n = run.n_prompts(behaviour, icfg.max_prompts)
     parts, per_pass = prompt_work(run, icfg)
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    dtype = model_dtype_name(config, "cuda")
     return Work({dtype: n * sum(parts.values()) * per_pass})

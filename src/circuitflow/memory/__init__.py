@@ -9,52 +9,62 @@ report its peak, by concern:
 - `runtime`: a job's process before its work (its imports, the CUDA runtime, model loading).
 
 Each stage's own estimate lives beside its code (`capture/plan.py`, `sae/plan.py`,
-`attribution/plan.py`, `interventions/plan.py`, `model/plan.py`, `baseline.py`), and the rule
+`attribution/plan.py`, `interventions/plan.py`, `model/plan.py`, `baseline_plan.py`), and the rule
 table (`circuitflow.resources`) turns them into each job's Slurm memory. Nothing here imports a
 stage. The names below are the ones stages use.
 """
 
-from circuitflow.memory.backoff import (
-    INJECT_OOM_ENV,
-    OOMBackoff,
-    free_device_memory,
-    injected_oom,
-)
-from circuitflow.memory.planning import (
-    PLANNED_PROMPT_LENGTH,
-    BatchPlan,
-    Estimate,
-    capture_hooks,
-    dtype_bytes,
-    estimate_forward,
-    model_dtype,
-    n_dictionaries,
-    n_hooks,
-    n_prompts,
-    n_transcoders,
-    plan_batch_size,
-    prompt_length,
-)
-from circuitflow.memory.probes import (
-    FAST_THRESHOLD,
-    LIVE_THRESHOLD,
-    MiB,
-    PeakMeter,
-    available_bytes,
-    current_memory_bytes,
-    peak_memory_bytes,
-    resident_peak_bytes,
-    set_mmap_threshold,
-    track_live_bytes_on_cpu,
-)
-from circuitflow.memory.runtime import (
-    CUDA_HOST_MB,
-    RUNTIME_MB,
-    RUNTIME_MODULES,
-    load_bytes,
-    measure_runtime_bytes,
-    runtime_bytes,
-)
+import importlib
+
+# Each name's submodule, imported on first use (PEP 562): planning (every Snakemake invocation
+# plans each job) reads `planning` and `runtime` only, and must not import torch, which
+# `backoff` and the stages' probes of a GPU need.
+_HOMES = {
+    "INJECT_OOM_ENV": "backoff",
+    "OOMBackoff": "backoff",
+    "free_device_memory": "backoff",
+    "injected_oom": "backoff",
+    "PLANNED_PROMPT_LENGTH": "planning",
+    "BatchPlan": "planning",
+    "Estimate": "planning",
+    "capture_hooks": "planning",
+    "DTYPE_BYTES": "planning",
+    "dtype_bytes": "planning",
+    "estimate_forward": "planning",
+    "model_dtype": "planning",
+    "model_dtype_name": "planning",
+    "n_dictionaries": "planning",
+    "n_hooks": "planning",
+    "n_prompts": "planning",
+    "n_transcoders": "planning",
+    "plan_batch_size": "planning",
+    "prompt_length": "planning",
+    "FAST_THRESHOLD": "probes",
+    "LIVE_THRESHOLD": "probes",
+    "MiB": "probes",
+    "PeakMeter": "probes",
+    "available_bytes": "probes",
+    "current_memory_bytes": "probes",
+    "peak_memory_bytes": "probes",
+    "resident_peak_bytes": "probes",
+    "set_mmap_threshold": "probes",
+    "track_live_bytes_on_cpu": "probes",
+    "CUDA_HOST_MB": "runtime",
+    "RUNTIME_MB": "runtime",
+    "RUNTIME_MODULES": "runtime",
+    "load_bytes": "runtime",
+    "measure_runtime_bytes": "runtime",
+    "runtime_bytes": "runtime",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchPlan",
@@ -71,6 +81,7 @@ __all__ = [
     "RUNTIME_MODULES",
     "available_bytes",
     "current_memory_bytes",
+    "DTYPE_BYTES",
     "dtype_bytes",
     "estimate_forward",
     "free_device_memory",
@@ -78,6 +89,7 @@ __all__ = [
     "load_bytes",
     "measure_runtime_bytes",
     "model_dtype",
+    "model_dtype_name",
     "capture_hooks",
     "n_dictionaries",
     "n_hooks",

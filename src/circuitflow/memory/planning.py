@@ -7,17 +7,26 @@ Each stage's own estimate lives beside its code (`<stage>/plan.py`); this module
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from circuitflow.memory.probes import MiB, available_bytes
+from circuitflow.perf import dtype_name
 from circuitflow.sites import capture_sites, dictionary_sites, sae_sites, trains_transcoders
+
+if TYPE_CHECKING:
+    import torch
+
+# Bytes of one element by dtype name (torch's element_size): a table, so that planning (every
+# Snakemake invocation re-plans each job) never imports torch.
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    return torch.empty((), dtype=dtype).element_size()
+    """Bytes of one element of `dtype`, a torch dtype or its name."""
+    return DTYPE_BYTES[dtype_name(dtype)]
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ def estimate_forward(
     context_length: int,
     stop_at_layer: int | None,
     n_captured: int,
-    compute_dtype: torch.dtype,
+    compute_dtype: torch.dtype | str,
     storage_dtype: torch.dtype | str,
     device: str,
     buffers: int = 0,
@@ -176,14 +185,21 @@ def plan_batch_size(
     return BatchPlan(batch, estimate.total(batch), available, budget, estimate.item)
 
 
-def model_dtype(config: dict, device: str) -> torch.dtype:
-    """The dtype the configured model computes in on `device` (`model.dtype`; `auto`: fp32 on
-    CPU and, planned before the GPU is known, 16-bit on a GPU, as devices.resolve_dtype picks on
-    Ampere and newer)."""
+def model_dtype_name(config: dict, device: str) -> str:
+    """The name of the dtype the configured model computes in on `device` (`model.dtype`;
+    `auto`: fp32 on CPU and, planned before the GPU is known, 16-bit on a GPU, as
+    devices.resolve_dtype picks on Ampere and newer). What the plans use: a name, no torch."""
     spec = config["model"]["dtype"]
     if spec != "auto":
-        return getattr(torch, spec)
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        return spec
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def model_dtype(config: dict, device: str) -> torch.dtype:
+    """model_dtype_name as the torch dtype the stages compute in."""
+    import torch
+
+    return getattr(torch, model_dtype_name(config, device))
 
 
 # Tokens a prompt is planned at before the prompts exist: the real models' IOI and capitals

@@ -8,8 +8,8 @@ import os
 import resource
 from pathlib import Path
 
-import torch
-
+# torch is imported where a CUDA device is probed: planning (every Snakemake invocation) needs
+# MiB and the host's probes only.
 MiB = 1 << 20
 
 
@@ -17,6 +17,8 @@ def available_bytes(device: str) -> int:
     """Memory a new allocation can use now: free GPU memory on CUDA; on CPU the host's available
     RAM (psutil if installed, else /proc/meminfo), capped by a cgroup limit (Slurm, containers)."""
     if device.startswith("cuda"):
+        import torch
+
         free, _total = torch.cuda.mem_get_info()
         return int(free)
     avail = _host_available()
@@ -55,6 +57,8 @@ def _cgroup_headroom() -> int | None:
 def current_memory_bytes(device: str) -> int:
     """Memory this process holds now: CUDA's allocated bytes, else the resident set."""
     if device.startswith("cuda"):
+        import torch
+
         return int(torch.cuda.memory_allocated())
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -66,6 +70,8 @@ def current_memory_bytes(device: str) -> int:
 def peak_memory_bytes(device: str) -> int:
     """Peak memory of this run: CUDA's max allocated, else the process's max resident set."""
     if device.startswith("cuda"):
+        import torch
+
         return int(torch.cuda.max_memory_allocated())
     return resident_peak_bytes()
 
@@ -145,6 +151,8 @@ class PeakMeter:
 
         gc.collect()
         if self.device.startswith("cuda"):
+            import torch
+
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.base = int(torch.cuda.memory_allocated())
@@ -155,6 +163,8 @@ class PeakMeter:
 
     def __exit__(self, *exc: object) -> None:
         if self.device.startswith("cuda"):
+            import torch
+
             torch.cuda.synchronize()
             self.peak = int(torch.cuda.max_memory_allocated())
         else:

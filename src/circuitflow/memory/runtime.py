@@ -2,7 +2,8 @@
 (measured per kind of job), the CUDA runtime's host share on a GPU, and a real model's
 conversion copies when it loads. The rule table (circuitflow.resources) adds each job's work.
 
-Every stage script imports circuitflow.config (torch, numpy, yaml): `base`; the report and
+Every stage script imports circuitflow.config (yaml) and torch (numpy): `base`, torch named
+because circuitflow.config no longer imports it (planning stays light); the report and
 provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
 TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
 set after importing RUNTIME_MODULES in a fresh interpreter (`python scripts/runtime_memory.py`
@@ -17,9 +18,9 @@ from __future__ import annotations
 from circuitflow.memory.probes import MiB
 
 RUNTIME_MODULES = {
-    "base": ("circuitflow.config",),
-    "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
-    "model": ("circuitflow.config", "transformer_lens", "sae_lens", "h5py", "pandas",
+    "base": ("circuitflow.config", "torch"),
+    "report": ("circuitflow.config", "torch", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
 RUNTIME_MB = {"base": 272, "report": 403, "model": 625}

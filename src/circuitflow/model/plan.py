@@ -3,7 +3,7 @@ job that holds only the model (baseline): for circuitflow.resources, the rule ta
 
 from __future__ import annotations
 
-from circuitflow.memory import dtype_bytes, load_bytes, model_dtype
+from circuitflow.memory import dtype_bytes, load_bytes, model_dtype_name
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
@@ -14,7 +14,7 @@ def model_bytes(config: dict, device: str) -> int:
     model's load (its fp32 conversion copies) where that is more."""
     cfg = architectures.model_cfg(config)
     n_params = architectures.n_params(cfg)
-    weights = n_params * dtype_bytes(model_dtype(config, device))
+    weights = n_params * dtype_bytes(model_dtype_name(config, device))
     real = config["model"]["name"] != "embedded"
     return max(load_bytes(n_params) if real else 0, weights)
 

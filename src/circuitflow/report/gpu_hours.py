@@ -1,7 +1,7 @@
 """GPU-hours of a full run, from the rates the GPU suite measured (benchmarks/gpu_suite.py).
 
 Every row counts its jobs' work by the plans the Slurm walltimes read (`resources.job_work`:
-each stage's `<stage>/plan.py`, baseline.py; `planned_rows` lists the jobs as the workflow
+each stage's `<stage>/plan.py`, baseline_plan.py; `planned_rows` lists the jobs as the workflow
 schedules them), so the table differs from the walltime plan only in the rate it applies: each
 part of a job's work (its FLOPs by dtype, perf.Work) runs at the rate the suite measured for the
 stage that stands for it (circuitflow.measured.RULE_STAGES, as the walltimes read measured
@@ -43,14 +43,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from circuitflow import description, dictionary_sources, measured, perf, resources, sites
 from circuitflow.cluster import Cluster
 from circuitflow.errors import InputError
 from circuitflow.model import architectures
+
+if TYPE_CHECKING:  # pandas only for the table: the workflow reads suite_files in every invocation
+    import pandas as pd
 
 A100 = "A100"  # CSD3's GPU, the default target (a profile's `gpu_type` names another)
 TARGET_A100_HOURS = 10.0  # the project's aim for a full Qwen2.5-0.5B run
@@ -346,6 +347,8 @@ def estimate(
             f"model.name {config['model']['name']!r}: the GPU suite covers only "
             f"{', '.join(architectures.ARCHITECTURES)}"
         )
+    import pandas as pd
+
     cluster = Cluster(gpu_type=gpu) if cluster is None else replace(cluster, gpu_type=gpu)
     rows = [_row(suite, config, key, planned, gpu) for planned in planned_rows(config, cluster)]
     frame = pd.DataFrame(rows).assign(gpu=gpu)

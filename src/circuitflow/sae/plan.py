@@ -4,21 +4,24 @@ and counted work for circuitflow.resources (the rule table)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from circuitflow.capture.files import chunk_rows_for
+from circuitflow.capture.plan import chunk_rows_for
 from circuitflow.description import describe
 from circuitflow.memory import (
     Estimate,
     dtype_bytes,
     estimate_forward,
     load_bytes,
-    model_dtype,
+    model_dtype_name,
 )
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work, sae_training_flops_per_token
 from circuitflow.sae.config import HOOKS_READ
 from circuitflow.sites import dictionary_kind
+
+if TYPE_CHECKING:
+    import torch
 
 # SAE training: tensors of width d_sae per training row alive at the step's peak (each
 # architecture's `wide_per_row` in circuitflow.sae.architectures), plus d_in-wide ones (input,
@@ -119,7 +122,7 @@ def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> i
     if rule == "transcoder_replacement":
         d_sae, t = run.transcoder_width, run.context_length
         est = estimate_forward(
-            cfg, n_params, t, None, 1, torch.float32, "float32", device,
+            cfg, n_params, t, None, 1, "float32", "float32", device,
             buffers=len(run.transcoders) * sae_param_bytes(cfg.d_model, d_sae),
         )  # fmt: skip
         host = est.host_peak(EVAL_BATCH) + EVAL_BATCH * t * d_sae * 4 * 2
@@ -131,7 +134,7 @@ def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> i
     est = estimate_sae_training(
         cfg.d_model, width, sae["architecture"], device, n_rows,
         sae["shuffle_buffer_tokens"], chunk_rows_for(cfg.d_model, 2, n_rows), capture["dtype"],
-        resident=n_params * dtype_bytes(model_dtype(config, device)),
+        resident=n_params * dtype_bytes(model_dtype_name(config, device)),
         n_files=HOOKS_READ[kind],
     )  # fmt: skip
     work = est.host_peak(training_batch(config))

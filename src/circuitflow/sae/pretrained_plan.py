@@ -13,8 +13,6 @@ prefetch), else the config's `sae.expansion_factor` x d_model."""
 
 from __future__ import annotations
 
-import torch
-
 from circuitflow.description import describe
 from circuitflow.memory import estimate_forward, load_bytes
 from circuitflow.model.flops import forward_flops_per_token
@@ -54,7 +52,7 @@ def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> i
     n_params, t = run.model.n_params, run.context_length
     features = t * d_sae * 4 * 2  # a row's features and their non-zero mask, per context
     est = estimate_forward(
-        cfg, n_params, t, None, 1, torch.float32, "float32", device,
+        cfg, n_params, t, None, 1, "float32", "float32", device,
         buffers=n_params * 4 + sae_bytes,
     )  # fmt: skip
     host = est.host_peak(EVAL_BATCH)

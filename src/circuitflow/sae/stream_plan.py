@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from circuitflow.capture.plan import context_length
 from circuitflow.description import describe
-from circuitflow.memory import Estimate, dtype_bytes, estimate_forward, load_bytes, model_dtype
+from circuitflow.memory import (
+    Estimate,
+    dtype_bytes,
+    estimate_forward,
+    load_bytes,
+    model_dtype_name,
+)
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.nodes import hook_name
@@ -32,6 +37,9 @@ from circuitflow.sae.plan import (
     training_batch,
 )
 from circuitflow.sites import dictionary_sites
+
+if TYPE_CHECKING:
+    import torch
 
 
 # --- which hooks share a job ----------------------------------------------------------------------
@@ -138,7 +146,7 @@ class StreamEstimate:
 def estimate_stream(
     model_cfg,
     n_params: int,
-    compute_dtype: torch.dtype,
+    compute_dtype: torch.dtype | str,
     t: int,
     stop_at: int,
     d_sae: int,
@@ -224,7 +232,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
     rows = min(buffer_contexts(sae.shuffle_buffer_tokens, t, skip), n_train) * (t - skip)
     n_contexts = n_train + sae.eval_contexts
     return estimate_stream(
-        cfg, architectures.n_params(cfg), model_dtype(config, device), t, group.depth,
+        cfg, architectures.n_params(cfg), model_dtype_name(config, device), t, group.depth,
         describe(config).widest(group.members), sae.architecture, len(group.members), rows,
         config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
         token_bytes=4 * n_contexts * t, hooks_per_sae=HOOKS_READ[sae.kind],
@@ -288,7 +296,7 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     width = describe(config).widest(group.members)
     training = n * sae["total_tokens"] * sae_flops(cfg.d_model, width)
     evaluation = n * 3 * sae["eval_contexts"] * t * forward_flops_per_token(cfg, t)
-    dtype = str(model_dtype(config, "cuda")).removeprefix("torch.")
+    dtype = model_dtype_name(config, "cuda")
     flops = {dtype: forward, "float32": training + evaluation}
     if dtype == "float32":
         flops = {"float32": forward + training + evaluation}

@@ -4,11 +4,17 @@ layer. The graph's edges take the same clean-run gradient (returned with the sco
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from circuitflow.attribution import direct
 from circuitflow.attribution.methods.base import Method
-from circuitflow.attribution.splice import Batch, Spliced, logit_diff, reduce_nodes
+
+# torch and the spliced model are imported where a batch is scored: the registry's records (their
+# `passes` and `memory_factor`) are what attribution/plan.py plans with, in every Snakemake
+# invocation, which must not import torch or pandas.
+if TYPE_CHECKING:
+    import torch
+
+    from circuitflow.attribution.splice import Batch, Spliced
 
 
 def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], exact_direct: bool = True):
@@ -16,6 +22,11 @@ def atp_batch(sp: Spliced, batch: Batch, corr: dict[str, torch.Tensor], exact_di
     metric [b], the clean activations (detached) and dm/da per key (the graph's edges reuse
     it). `exact_direct`: each node's direct part computed exactly (direct.py) instead of
     linearly."""
+    import torch
+
+    from circuitflow.attribution import direct
+    from circuitflow.attribution.splice import logit_diff, reduce_nodes
+
     with torch.enable_grad():
         run = sp.run(batch.clean)
         metric = logit_diff(run.logits, batch.answer, batch.distractor)

@@ -8,11 +8,17 @@ so the peak memory is one step's (the gradient pass of atp)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from circuitflow.attribution import direct
 from circuitflow.attribution.methods.base import Method
-from circuitflow.attribution.splice import Batch, Patch, Spliced, logit_diff, reduce_nodes
+
+# torch and the spliced model are imported where a batch is scored: the registry's records (their
+# `passes` and `memory_factor`) are what attribution/plan.py plans with, in every Snakemake
+# invocation, which must not import torch or pandas.
+if TYPE_CHECKING:
+    import torch
+
+    from circuitflow.attribution.splice import Batch, Patch, Spliced
 
 FINAL = "final"  # path_gradients' key for the final residual's gradient
 
@@ -32,6 +38,10 @@ def path_gradients(sp: Spliced, batch: Batch, keys: list[str], clean, corr, step
     """dm/da for each of `keys`, averaged over `steps` midpoints of the activation path (every
     node of every layer on its clean-to-corrupted line, one forward and backward per step); under
     the key `FINAL`, the same for the final residual (Run.final)."""
+    import torch
+
+    from circuitflow.attribution.splice import logit_diff
+
     total = {k: torch.zeros_like(clean[k]) for k in keys}
     for i in range(steps):
         alpha = (i + 0.5) / steps
@@ -52,6 +62,9 @@ def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_di
     per key, dm/da averaged along the path), one forward and backward per step for every node
     of every layer. `final`: the clean final residual; `exact_direct`: each node's direct part
     computed exactly (direct.py)."""
+    from circuitflow.attribution import direct
+    from circuitflow.attribution.splice import reduce_nodes
+
     grads = path_gradients(sp, batch, list(clean), clean, corr, steps)
     g_final = grads.pop(FINAL)
     group_of = sp.group_of
@@ -67,6 +80,10 @@ def ig_batch(sp: Spliced, batch: Batch, clean, corr, final, steps: int, exact_di
 def clean_forward(sp: Spliced, batch: Batch):
     """(every node's clean activation, detached; the clean metric; the clean final residual),
     from one forward without gradients: the start of the path."""
+    import torch
+
+    from circuitflow.attribution.splice import logit_diff
+
     with torch.no_grad():
         run = sp.run(batch.clean)
     clean = {k: v.detach() for k, v in run.acts.items()}

@@ -10,8 +10,6 @@ per layer and position, a token per position and the logit. Rows are computed
 
 from __future__ import annotations
 
-import torch
-
 from circuitflow.attribution.plan import estimate_attribution
 from circuitflow.description import describe
 from circuitflow.memory import load_bytes
@@ -57,7 +55,7 @@ def graph_bytes(config: dict, device: str) -> dict[str, int]:
     run = describe(config)
     cfg, n_params, positions = run.model.cfg, run.model.n_params, run.prompt_length
     d_sae = run.transcoder_width
-    est = estimate_attribution(cfg, n_params, positions, 0, d_sae, torch.float32, device, "atp")
+    est = estimate_attribution(cfg, n_params, positions, 0, d_sae, "float32", device, "atp")
     per_copy = 4 * positions * (2 * cfg.d_vocab + ROW_RESID * cfg.n_layers * cfg.d_model)
     columns = active_features(config, positions) + (cfg.n_layers + 1) * positions + 1
     transcoders = sum(sae_param_bytes(cfg.d_model, d.width) for d in run.transcoders)
