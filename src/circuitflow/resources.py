@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from circuitflow import baseline_plan, dictionary_sources, measured, perf
+from circuitflow import baseline_plan, dictionary_sources, measured, perf, provenance
 from circuitflow.attribution import plan as attribution_plan
 from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
@@ -112,7 +112,7 @@ RULES = {
     "report_features_dictionary": Rule("light", "report", browser_plan),
     "report_features": Rule("light", "report"),
     "report_gpu_hours": Rule("light", "report"),  # plans real models from their shapes alone
-    "provenance_run": Rule("light", "base"),
+    "provenance_run": Rule("light", "config", provenance),  # stdlib and pip freeze
     "job_costs": Rule("light", "report"),
 }
 GPU_RULES = frozenset(name for name, rule in RULES.items() if CLASSES[rule.resource_class].gpu)

@@ -5,12 +5,13 @@ conversion copies when it loads. The rule table (circuitflow.resources) adds eac
 Every stage script imports circuitflow.config (yaml) and torch (numpy): `base`, torch named
 because circuitflow.config no longer imports it (planning stays light); the report and
 provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
-TransformerLens and SAELens (transformers, datasets, h5py): `model`. Measured as the resident
-set after importing RUNTIME_MODULES in a fresh interpreter (`python scripts/runtime_memory.py`
-re-measures; tests/test_memory_accuracy.py checks these against it), torch 2.13 CPU
-wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20% less where
-the libraries' files have aged in the page cache (220 against 272 MiB for `base` on one
-machine: fresh files are mapped whole on first touch), so these are the upper values.
+TransformerLens and SAELens (transformers, datasets, h5py): `model`; a job that imports
+circuitflow.config and the standard library alone (provenance_run): `config`. Measured as the
+resident set after importing RUNTIME_MODULES in a fresh interpreter (`python
+scripts/runtime_memory.py` re-measures; tests/test_memory_accuracy.py checks these against it),
+torch 2.13 CPU wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20%
+less where the libraries' files have aged in the page cache (220 against 272 MiB for `base` on
+one machine: fresh files are mapped whole on first touch), so these are the upper values.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 from circuitflow.memory.probes import MiB
 
 RUNTIME_MODULES = {
+    "config": ("circuitflow.config",),
     "base": ("circuitflow.config", "torch"),
     "report": ("circuitflow.config", "torch", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
-RUNTIME_MB = {"base": 272, "report": 403, "model": 625}
+RUNTIME_MB = {"config": 16, "base": 272, "report": 403, "model": 625}
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
