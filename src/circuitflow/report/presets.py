@@ -18,6 +18,7 @@ from circuitflow.memory import (
     plan_batch_size,
 )
 from circuitflow.model import architectures
+from circuitflow.perf import dtype_name
 from circuitflow.sae.plan import SAE_AUTO_MAX_BATCH, estimate_sae_training
 
 
@@ -77,7 +78,7 @@ def gpu_presets(
                     attribution_method,
                 ),
             }  # fmt: skip
-            row = {"gpu": gpu.name, "model": name, "dtype": str(gpu.dtype).removeprefix("torch.")}
+            row = {"gpu": gpu.name, "model": name, "dtype": dtype_name(gpu.dtype)}
             for stage, est in estimates.items():
                 try:
                     plan = plan_batch_size(est, PRESET_CAPS[stage], fraction, available)
