@@ -262,29 +262,49 @@ def failed_jobs(
     return failed
 
 
-# `python -m pip freeze --all` in its own process while this one waits: its peak resident set
-# (37 MiB measured in a fresh install, pip 25), what provenance_run holds beyond its imports.
-PIP_FREEZE_BYTES = 40 * 2**20
+# What provenance_run holds beyond circuitflow.config's runtime: the script's own modules and
+# every installed distribution's metadata (the job's peak, 25.6 MiB on the default run, less 16).
+FREEZE_BYTES = 10 * 2**20
 
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
-    """Host bytes of a provenance_run job's work (resources' rule table): pip freeze's process;
-    the hashes stream their files."""
-    return PIP_FREEZE_BYTES
+    """Host bytes of a provenance_run job's work (resources' rule table): the distributions'
+    metadata; the hashes stream their files."""
+    return FREEZE_BYTES
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> None:
-    """No counted work: hashes, accounting and pip freeze."""
+    """No counted work: hashes, accounting and the installed distributions."""
     return None
 
 
 def pip_freeze() -> str:
-    """`pip freeze` of this interpreter; the installed distributions when pip is absent."""
-    out = _run([sys.executable, "-m", "pip", "freeze", "--all"])
-    if out is not None:
-        return out + "\n"
-    dists = {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()}
-    return "\n".join(sorted(dists, key=str.lower)) + "\n"
+    """This interpreter's installed distributions in `pip freeze --all`'s requirement format,
+    read in this process from the metadata pip itself reads (PEP 610's direct_url.json for
+    URL, VCS and editable installs). Not `python -m pip freeze` in a child: its 37 MiB lived
+    half a second, so the benchmark's sampler caught or missed it and the job's peak could not
+    be planned (tests/test_memory_accuracy.py)."""
+    import json
+
+    lines: dict[str, str] = {}
+    for dist in metadata.distributions():  # sys.path order: the first of a name is imported
+        name = dist.metadata["Name"]
+        key = name.lower().replace("_", "-")
+        if not name or key in lines:
+            continue
+        direct = json.loads(dist.read_text("direct_url.json") or "null") or {}
+        url, vcs = direct.get("url"), direct.get("vcs_info")
+        editable = direct.get("dir_info", {}).get("editable", False)
+        if vcs:
+            ref = f"{vcs['vcs']}+{url}@{vcs['commit_id']}"
+            lines[key] = f"-e {ref}#egg={name}" if editable else f"{name} @ {ref}"
+        elif editable:  # pip writes a local project's path
+            lines[key] = f"-e {url.removeprefix('file://')}"
+        elif url:
+            lines[key] = f"{name} @ {url}"
+        else:
+            lines[key] = f"{name}=={dist.version}"
+    return "\n".join(lines[k] for k in sorted(lines)) + "\n"
 
 
 def seeds(config: dict) -> dict:

@@ -112,7 +112,7 @@ RULES = {
     "report_features_dictionary": Rule("light", "report", browser_plan),
     "report_features": Rule("light", "report"),
     "report_gpu_hours": Rule("light", "report"),  # plans real models from their shapes alone
-    "provenance_run": Rule("light", "config", provenance),  # stdlib and pip freeze
+    "provenance_run": Rule("light", "config", provenance),  # stdlib and the distributions
     "job_costs": Rule("light", "report"),
 }
 GPU_RULES = frozenset(name for name, rule in RULES.items() if CLASSES[rule.resource_class].gpu)

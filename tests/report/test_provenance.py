@@ -1,4 +1,5 @@
-"""Provenance collected after the stages: failed jobs from Snakemake's logs and sacct."""
+"""Provenance collected after the stages: failed jobs from Snakemake's logs and sacct, and the
+installed distributions."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def test_failed_jobs_and_sacct_parsing(tmp_path, monkeypatch):
     assert "TIMEOUT" in failed[0]["reason"] and "TIMEOUT" in failed[1]["reason"]
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert provenance.slurm_jobs(tmp_path, None)["jobs"] == []
+
+
+def test_pip_freeze_lists_what_pip_freeze_lists():
+    """Read in-process from the distributions' metadata, the list is pip's own (`pip freeze
+    --all` of the same interpreter, its comment lines aside), the editable project included."""
+    import subprocess
+    import sys
+
+    from circuitflow import provenance
+
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    ours = provenance.pip_freeze().splitlines()
+    assert sorted(ours) == sorted(line for line in pip if not line.startswith("#"))
+    assert any(line.startswith("-e ") for line in ours)  # circuitflow, installed editable
