@@ -298,7 +298,7 @@ def pip_freeze() -> str:
         if vcs:
             ref = f"{vcs['vcs']}+{url}@{vcs['commit_id']}"
             lines[key] = f"-e {ref}#egg={name}" if editable else f"{name} @ {ref}"
-        elif editable:  # pip writes a local project's path
+        elif editable:  # its path; pip asks git for a clone's remote (environment.json: commit)
             lines[key] = f"-e {url.removeprefix('file://')}"
         elif url:
             lines[key] = f"{name} @ {url}"

@@ -37,9 +37,12 @@ def test_failed_jobs_and_sacct_parsing(tmp_path, monkeypatch):
 
 def test_pip_freeze_lists_what_pip_freeze_lists():
     """Read in-process from the distributions' metadata, the list is pip's own (`pip freeze
-    --all` of the same interpreter, its comment lines aside), the editable project included."""
+    --all` of the same interpreter, its comment lines aside). An editable project is its path:
+    pip asks git for a clone's remote and commit, which environment.json records."""
     import subprocess
     import sys
+
+    from helpers.dag import REPO
 
     from circuitflow import provenance
 
@@ -47,5 +50,8 @@ def test_pip_freeze_lists_what_pip_freeze_lists():
         [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     ours = provenance.pip_freeze().splitlines()
-    assert sorted(ours) == sorted(line for line in pip if not line.startswith("#"))
-    assert any(line.startswith("-e ") for line in ours)  # circuitflow, installed editable
+    assert f"-e {REPO}" in ours  # circuitflow, installed editable
+    assert sum(line.startswith("-e ") for line in pip) == 1
+    assert sorted(set(ours) - {f"-e {REPO}"}) == sorted(
+        line for line in pip if not line.startswith(("#", "-e "))
+    )
