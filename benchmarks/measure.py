@@ -3,7 +3,7 @@
 what its figures replace, each in its own process with its own share of the time.
 
     python benchmarks/measure.py                  # cuda: at most 8 minutes (make bench-gpu)
-    python benchmarks/measure.py --device cpu     # tiny sizes, under a minute: the suite runs it
+    python benchmarks/measure.py --device cpu     # tiny sizes, ~1 min on 2 cores: the suite runs it
     python benchmarks/measure.py --only sae_train scale --budget 200   # a rerun of some steps
 
 Steps, at GPT-2-small dimensions (random weights; the GPU suite adds Qwen2.5-0.5B's):
@@ -60,7 +60,7 @@ class Step:
 STEPS = (
     Step("gpu_suite", "gpu_suite.py",
          "--capture-tokens 65536 --sae-steps 40 --prompts 64",
-         "--small --models gpt2-small", 0.17, out_flag="--out"),
+         "--small", 0.17, out_flag="--out"),
     Step("sae_train", "sae_train.py",
          "--sizes gpt2 --steps 100 --rounds 3",
          "--sizes small --steps 6 --rounds 1", 0.08),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +47,10 @@ LATE_READERS = {
     "tests/workflow/test_bfloat16.py": "small-run-late",
 }
 LATE_GROUPS = set(LATE_READERS.values())
+# Shared like the runs (one xdist group, computed once a session), handed out with the other
+# groups: benchmarks/measure.py's CPU mode, whose GPU-suite step is also the suite's small run
+# that tests/report/test_gpu_hours.py checks.
+SHARED_LATER = {"measure_cpu": "measure-cpu"}
 
 
 # The longest test outside the shared runs' groups (about 8 minutes on 2 cores): it starts right
@@ -83,7 +89,7 @@ def pytest_itemcollected(item):
     # pytest_collection_modifyitems, which may run before this conftest's.
     names = getattr(item, "fixturenames", ())
     module = item.nodeid.split("::")[0]
-    for fixture, group in SHARED_RUNS.items():
+    for fixture, group in (SHARED_RUNS | SHARED_LATER).items():
         if fixture in names:
             item.add_marker(pytest.mark.xdist_group(LATE_READERS.get(module, group)))
             return
@@ -187,3 +193,23 @@ def local_hf_results(tiny_hf_model_dir, tmp_path_factory, worker_id) -> Path:
         (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
 
     return shared_run("local-hf-run", tmp_path_factory, worker_id, run)
+
+
+@pytest.fixture(scope="session")
+def measure_cpu(tmp_path_factory, worker_id) -> Path:
+    """benchmarks/measure.py's CPU mode (every step at smoke sizes), once per session. Its
+    folder: results/ (each step's JSON), logs/ (each step's output), screen.txt (what it
+    printed) and status (its exit status)."""
+
+    def run(workdir: Path) -> None:
+        # A generous budget: the suite's workers share the cores (alone it takes ~85 s on 2).
+        done = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "measure.py"), "--device", "cpu",
+             "--out-dir", str(workdir / "results"), "--log-dir", str(workdir / "logs"),
+             "--budget", "1800"],
+            capture_output=True, text=True, cwd=REPO, timeout=2000,
+        )  # fmt: skip
+        (workdir / "screen.txt").write_text(done.stdout + done.stderr)
+        (workdir / "status").write_text(str(done.returncode))
+
+    return shared_run("measure-cpu", tmp_path_factory, worker_id, run).parent

@@ -17,15 +17,11 @@ STEPS = ("gpu_suite", "sae_train", "sae_stream", "prompt_graphs", "scale")
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("measure")
-    # A generous budget: the suite's workers share the cores (alone it takes ~85 s on 2).
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "measure.py"), "--device", "cpu",
-         "--out-dir", str(out / "results"), "--log-dir", str(out / "logs"), "--budget", "1800"],
-        capture_output=True, text=True, cwd=REPO, timeout=2000,
-    )  # fmt: skip
-    return done, out / "results"
+def measured(measure_cpu):
+    """(exit status, what it printed, its results folder): conftest's measure_cpu, shared with
+    tests/report/test_gpu_hours.py, which checks its GPU-suite step."""
+    status = int((measure_cpu / "status").read_text())
+    return status, (measure_cpu / "screen.txt").read_text(), measure_cpu / "results"
 
 
 def read(results: Path, step: str) -> dict:
@@ -33,21 +29,21 @@ def read(results: Path, step: str) -> dict:
 
 
 def test_every_step_writes_its_figures_stamped(measured):
-    done, results = measured
-    assert done.returncode == 0, done.stdout + done.stderr
+    status, screen, results = measured
+    assert status == 0, screen
     for step in STEPS:
         data = read(results, step)
         assert data["environment"]["device"] == "cpu"
         assert data["environment"]["torch"]
         assert data["measure"]["command"].startswith(f"{REPO / 'benchmarks' / step}.py")
-    screen = done.stdout[done.stdout.index("figure") :]
+    screen = screen[screen.index("figure") :]
     for figure in ("share of peak", "fast / SAELens", "stream / capture-then-train",
                    "forward equivalents a graph", "DAG planned"):  # fmt: skip
         assert figure in screen, figure
 
 
 def test_figures_agree_with_independent_references(measured):
-    _, results = measured
+    *_, results = measured
     suite = read(results, "gpu_suite")
     stages = {r["stage"] for r in suite["results"]}
     assert stages == {"forward", "capture", "sae_train", "attribution"}

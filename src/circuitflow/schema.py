@@ -30,8 +30,10 @@ T = TypeVar("T")
 
 @functools.cache
 def _schema(path: Path) -> dict:
-    """The schema as parsed, read once per process (shared: never edit it)."""
-    return yaml.safe_load(path.read_text())
+    """The schema as parsed, read once per process (shared: never edit it). libyaml's safe
+    loader where PyYAML was built with it: the same dict in a tenth of the time (50 ms in pure
+    Python, in every job and every Snakemake start)."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_schema(schema_path: Path = SCHEMA_PATH) -> dict:

@@ -4,17 +4,13 @@ suite results, and the tables of docs/csd3.md checked against the code that comp
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 from helpers.dag import REPO, profile_cluster
 
 from circuitflow.report import gpu_hours, presets
 
-SUITE = REPO / "benchmarks" / "gpu_suite.py"
 STORED = REPO / "benchmarks" / "results" / "cpu.json"
 README = REPO / "docs" / "csd3.md"
 QWEN = REPO / "config" / "qwen2.5-0.5b.yaml"
@@ -29,13 +25,13 @@ STAGES = {
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    out = tmp_path_factory.mktemp("suite") / "cpu.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(SUITE), "--small", "--device", "cpu", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(out.read_text()), done.stdout
+def small(measure_cpu):
+    """The suite at small sizes on the CPU (both models) and what it printed: the GPU-suite step
+    of benchmarks/measure.py's CPU mode (conftest's measure_cpu, shared with
+    tests/test_measure.py)."""
+    out = measure_cpu / "results" / "gpu_suite-cpu-smoke.json"
+    assert out.is_file(), (measure_cpu / "screen.txt").read_text()[-3000:]
+    return json.loads(out.read_text()), (measure_cpu / "logs" / "gpu_suite.log").read_text()
 
 
 def test_small_suite_covers_every_stage_and_model(small):

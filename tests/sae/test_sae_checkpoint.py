@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.forked import Forked
 from helpers.sae_data import tiny_model, write_capture
 from safetensors.torch import load_file
 
@@ -21,7 +20,6 @@ from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.stage import train_sae
 
 torch.set_num_threads(1)
-TESTS = Path(__file__).resolve().parents[1]  # helpers/ lives here
 CFG = {
     "architecture": "standard",
     "target_l0": 8,
@@ -45,33 +43,10 @@ FAST_CFG = {
 # A transcoder (sae.kind transcoder) on the fast trainer: two files read in one order, resumed.
 TRANSCODER_CFG = FAST_CFG | {"kind": "transcoder"}
 
-RUNNER = f"""
-import sys, json, torch
-sys.path.insert(0, {str(TESTS)!r})
-torch.set_num_threads(1)
-from helpers.sae_data import tiny_model
-from circuitflow.errors import EXIT_CHECKPOINTED
-from circuitflow.resumable import Interrupted
-from circuitflow.sae.config import SAETrainConfig
-from circuitflow.sae.stage import train_sae
-acts, out = json.loads(sys.argv[1]), sys.argv[2]
-try:
-    train_sae(acts, out, SAETrainConfig.from_dict(json.loads(sys.argv[3])), tiny_model())
-except Interrupted as exc:
-    print(exc, file=sys.stderr)
-    sys.exit(EXIT_CHECKPOINTED)
-"""
 
-
-def _run(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-c", RUNNER, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _run(acts: list[str], out: Path, config: dict) -> Forked:
+    """The stage's training in a process of its own (forked: its imports done)."""
+    return Forked(lambda: train_sae(acts, out, SAETrainConfig.from_dict(config), tiny_model()))
 
 
 @pytest.mark.parametrize(
@@ -92,7 +67,7 @@ def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path, config):
 
     out = tmp_path / "run"
     ckpt_root = out.with_name("run.ckpt")
-    proc = _run([json.dumps(acts), str(out), json.dumps(config)])
+    proc = _run(acts, out, config)
     deadline = time.time() + 120
     while not list_checkpoints(ckpt_root) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -105,7 +80,7 @@ def test_sigterm_checkpoint_and_resume_matches_uninterrupted(tmp_path, config):
     _, state = load_checkpoint(list_checkpoints(ckpt_root)[-1])
     assert 0 < state["n_training_samples"] < config["total_tokens"]
 
-    proc = _run([json.dumps(acts), str(out), json.dumps(config)])
+    proc = _run(acts, out, config)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert not ckpt_root.exists()

@@ -5,16 +5,14 @@ rerun give the uninterrupted run's weights, bit for bit."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers.forked import Forked
 from helpers.sae_data import contexts as tiny_contexts
 from helpers.sae_data import tiny_model
 from helpers.transcoders import swapped_loss
@@ -31,7 +29,6 @@ from circuitflow.sae.stream_stage import train_stream_group
 from circuitflow.sae.transcoder import TopKTranscoder
 
 torch.set_num_threads(1)
-TESTS = Path(__file__).resolve().parents[1]
 HOOKS = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
 MEMBERS = [("resid_post", 0), ("resid_post", 1)]
 # The fast TopK trainer with latents dead after 8 silent steps (AuxK in play), activation
@@ -212,41 +209,17 @@ def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path):
     assert not isinstance(load_sae(outs[0]), TopKTranscoder)
 
 
-RUNNER = f"""
-import sys, json, torch
-import numpy as np
-sys.path.insert(0, {str(TESTS)!r})
-torch.set_num_threads(1)
-from helpers.sae_data import tiny_model
-from sae.test_sae_stream import token_set, members_of
-from circuitflow.capture.config import CaptureConfig
-from circuitflow.errors import EXIT_CHECKPOINTED
-from circuitflow.nodes import hook_name
-from circuitflow.resumable import Interrupted
-from circuitflow.sae.config import SAETrainConfig
-from circuitflow.sae.stream_stage import train_stream_group
-out, ckpt, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-toks, meta = token_set()
-members = members_of(config)
-outs = [f"{{out}}/layer_{{layer}}" for _, layer in members]
-try:
-    train_stream_group(toks, meta, members, outs, SAETrainConfig.from_dict(config),
-                       CaptureConfig(), tiny_model(), ckpt)
-except Interrupted as exc:
-    print(exc, file=sys.stderr)
-    sys.exit(EXIT_CHECKPOINTED)
-"""
+def _run(out: Path, ckpt: Path, config: dict) -> Forked:
+    """The group's training in a process of its own (forked: its imports done)."""
 
+    def train() -> None:
+        toks, meta = token_set()
+        members = members_of(config)
+        outs = [out / f"layer_{layer}" for _, layer in members]
+        train_stream_group(toks, meta, members, outs, SAETrainConfig.from_dict(config),
+                           CaptureConfig(), tiny_model(), ckpt)  # fmt: skip
 
-def _run(out: Path, ckpt: Path, config: dict) -> subprocess.Popen:
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-c", RUNNER, str(out), str(ckpt), json.dumps(config)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return Forked(train)
 
 
 @pytest.mark.parametrize(

@@ -426,12 +426,13 @@ def test_pipeline_on_local_slurm_and_walltime_resume(slurm_env, tmp_path):
     # 2.5 minutes in: Slurm checks limits every 30 s). Tokens/s vary tenfold with the load and
     # start-up under a loaded suite can take a minute, so instead of sizing the work to outlast a
     # fixed signal, the test shortens the running job's walltime by 2 minutes (scontrol, as an
-    # operator would) once its log shows training: the signal then comes within ~30 s. The work
-    # is 120 s of the first SAE's speed (which that short run overstates, about 1.3x), so it is
-    # still training then. train_sae checkpoints and exits 75; attempt 2 resumes.
+    # operator would) once its log shows training: the signal then comes within ~30 s (about 20
+    # s in practice). The work is 75 s of the first SAE's speed (which that short run overstates,
+    # about 1.3x: about 100 s of training), so it is still training then, even at twice the
+    # speed. train_sae checkpoints and exits 75; attempt 2 resumes.
     sae_dir = results / "saes" / "resid_post" / "layer_1"
     speed = json.loads((sae_dir / "metrics.json").read_text())["tokens_per_s"]
-    tokens = max(100_000, int(speed * 120) // 512 * 512)
+    tokens = max(100_000, int(speed * 75) // 512 * 512)
     shutil.rmtree(sae_dir)
     cfg = {**SLURM_TINY, "sae": {**SLURM_TINY["sae"], "total_tokens": tokens}}
     train_log = results / "logs" / "train_sae" / "resid_post_layer_1.log"
