@@ -5,6 +5,8 @@ top heads match the float32 run (.test/config/small.yaml), and no loss falls on 
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 from helpers.dag import load_test_config, read_json, run_snakemake
@@ -21,12 +23,17 @@ def test_bfloat16_model_measures_in_float32(small_results, tmp_path):
     config = load_test_config("small")
     config["model"] = {"dtype": "bfloat16"}
     bf16 = tmp_path / "results"
+    # train_model reads seed, device and embedded, prompts seed and behaviours, not model.dtype:
+    # the small run's, copied (times kept), are what Snakemake would make again.
+    for part in ("model", "prompts"):
+        shutil.copytree(small_results / part, bf16 / part)
     targets = [
         bf16 / "baseline" / "induction.json",
         bf16 / "saes" / "resid_post" / "layer_1",
         bf16 / "attribution" / "induction" / "heads.parquet",
     ]
-    run_snakemake(config, tmp_path, *map(str, targets))
+    done = run_snakemake(config, tmp_path, *map(str, targets))
+    assert "rule train_model:" not in done.stdout + done.stderr
     ours = read_json(bf16 / "saes" / "resid_post" / "layer_1" / "metrics.json")
     ref = read_json(small_results / "saes" / "resid_post" / "layer_1" / "metrics.json")
     for key in (*CE, "ce_loss_recovered"):
