@@ -213,3 +213,16 @@ def measure_cpu(tmp_path_factory, worker_id) -> Path:
         (workdir / "status").write_text(str(done.returncode))
 
     return shared_run("measure-cpu", tmp_path_factory, worker_id, run).parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, worker_id) -> Path:
+    """A results directory holding only the embedded model at .test/config/tiny.yaml's settings,
+    trained once per session: the tiny-config DAG tests place it in their runs
+    (helpers.dag.place_model) instead of each training the same model."""
+
+    def run(workdir: Path) -> None:
+        run_snakemake(load_test_config("tiny"), workdir,
+                      str(workdir / "results" / "model" / "model.json"))  # fmt: skip
+
+    return shared_run("tiny-model", tmp_path_factory, worker_id, run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,27 @@ def run_snakemake(
     if check and done.returncode != 0:
         raise AssertionError(f"snakemake failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done
+
+
+# What train_model reads (its params: rule train_model in workflow/rules/model.smk), and what it
+# leaves beside the model: a run whose config agrees on these keys would train the same model.
+MODEL_KEYS = ("seed", "device", "embedded")
+MODEL_FILES = ("model", "benchmarks/train_model.tsv", "logs/train_model.log")
+
+
+def place_model(trained: Path, config: dict, results: Path) -> None:
+    """Copy a finished run's model (MODEL_FILES, times kept) from results directory `trained`
+    into `results`, for a run of `config`: Snakemake then skips train_model, which would write
+    the same files (each tiny-config DAG test trained the same model, ~7 s of CPU apiece)."""
+    source = yaml.safe_load((trained.parent / "config.yaml").read_text())
+    assert all(config.get(k) == source.get(k) for k in MODEL_KEYS), "another model: train it"
+    for name in MODEL_FILES:
+        src, dest = trained / name, results / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        else:
+            shutil.copy2(src, dest)
 
 
 def read_json(path: Path) -> dict:

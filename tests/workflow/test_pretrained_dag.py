@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import yaml
-from helpers.dag import load_test_config, read_json, run_snakemake
+from helpers.dag import load_test_config, place_model, read_json, run_snakemake
 from helpers.dictionaries import REVISION, build, lay_out_cache, save
 from sae_lens import SAE
 
@@ -46,7 +46,7 @@ def same_weights(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
+def local_run(tmp_path_factory, tiny_model):
     """The whole DAG with `sae.pretrained.path` naming dictionaries on disk, both evaluated by
     one job."""
     root = tmp_path_factory.mktemp("pretrained-local")
@@ -54,7 +54,9 @@ def local_run(tmp_path_factory):
     for layer, sae in saes.items():
         save(sae, root / "dicts" / "resid_pre" / f"layer_{layer}")
     pre = {"path": str(root / "dicts" / "{site}" / "layer_{layer}")}
-    done = run_snakemake(tiny(pre, root / "results", stream={"layers_per_job": 2}), root)
+    config = tiny(pre, root / "results", stream={"layers_per_job": 2})
+    place_model(tiny_model, config, root / "results")
+    done = run_snakemake(config, root)
     return root / "results", saes, done
 
 
@@ -106,7 +108,7 @@ def test_attribution_and_interventions_run_on_the_published_dictionaries(local_r
     assert (evaluated.forward_equivalents_per_prompt > 3).all()  # 3 passes and the firing one
 
 
-def test_a_release_is_prefetched_by_a_localrule_and_loaded_offline(tmp_path):
+def test_a_release_is_prefetched_by_a_localrule_and_loaded_offline(tiny_model, tmp_path):
     """A release in a Hugging Face cache laid out on disk (model.hf_cache), the hub offline
     throughout: prefetch_saes lists it, each pretrained_sae job loads its dictionary from the
     cache and writes it unchanged."""
@@ -118,12 +120,14 @@ def test_a_release_is_prefetched_by_a_localrule_and_loaded_offline(tmp_path):
     )
     config = tiny({"release": REPO_ID, "sae_id": "{site}/layer_{layer}"}, tmp_path / "results")
     config["model"] = {"hf_cache": str(tmp_path / "hf")}
+    place_model(tiny_model, config, tmp_path / "results")
     targets = [
         str(tmp_path / "results" / "saes" / "resid_pre" / f"layer_{layer}") for layer in saes
     ]
     done = run_snakemake(config, tmp_path, *targets, env={"HF_HUB_OFFLINE": "1"})
     jobs = done.stdout + done.stderr
     assert "localrule prefetch_saes:" in jobs and jobs.count("rule pretrained_sae_") == 2
+    assert "rule train_model:" not in jobs
     assert "rule pretrained_sae_resid_pre_layer_1:" in jobs  # one job each (auto, embedded)
     prefetch = read_json(tmp_path / "results" / "pretrained" / "prefetch.json")
     assert prefetch["hub_cache"] == str(tmp_path / "hf" / "hub")

@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 import pytest
-from helpers.dag import load_test_config, run_snakemake
+from helpers.dag import load_test_config, place_model, run_snakemake
 
 from circuitflow import config as cf_config
 from circuitflow import resources, stream_groups
@@ -20,12 +20,13 @@ SAE = {"source": "stream", "stream": {"layers_per_job": 2}}
 
 
 @pytest.fixture(scope="module")
-def stream_run(tmp_path_factory):
+def stream_run(tmp_path_factory, tiny_model):
     config = load_test_config("tiny")
     config["sae"] |= SAE
     # One behaviour: what these tests check is per SAE, not per behaviour (suite time).
     config["behaviours"] = {"induction": config["behaviours"]["induction"]}
     workdir = tmp_path_factory.mktemp("stream-run")
+    place_model(tiny_model, config, workdir / "results")
     run_snakemake(config, workdir)
     return workdir, config
 

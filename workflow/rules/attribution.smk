@@ -38,6 +38,7 @@ rule attribution:
         f"{OUT}/logs/attribution/{{behaviour}}.log",
     benchmark:
         f"{OUT}/benchmarks/attribution/{{behaviour}}.tsv"
+    priority: CRITICAL_PATH
     conda:
         "../../envs/circuitflow.yaml"
     envmodules:

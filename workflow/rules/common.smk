@@ -312,6 +312,12 @@ def disk_problem():
     return cf_fit.disk_problem(config, cf_fit.Machine.here(OUT))
 
 
+# Snakemake starts ready jobs of higher priority first. The default run's tail is attribution
+# then interventions (75 s on 2 cores, the longest job after training); left at 0, the feature
+# pages and prompt graphs ready beside attribution went first and interventions ran alone last.
+CRITICAL_PATH = 10
+
+
 def job_threads(rule):
     """threads: of `rule` (on Slurm, --cpus-per-task, or --cpus-per-gpu for GPU jobs)."""
     return cf_resources.threads(config, rule, CLUSTER)

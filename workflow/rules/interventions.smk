@@ -51,6 +51,7 @@ rule interventions:
         f"{OUT}/logs/interventions/{{behaviour}}.log",
     benchmark:
         f"{OUT}/benchmarks/interventions/{{behaviour}}.tsv"
+    priority: CRITICAL_PATH
     conda:
         "../../envs/circuitflow.yaml"
     envmodules:
