@@ -287,7 +287,11 @@ def pip_freeze() -> str:
     import json
 
     lines: dict[str, str] = {}
-    for dist in metadata.distributions():  # sys.path order: the first of a name is imported
+    # sys.path order, but installed records (pip writes INSTALLER) before metadata lying in a
+    # source tree: a job's PYTHONPATH puts src/ first, and an editable install leaves
+    # src/circuitflow.egg-info there, which would turn `-e <path>` into `circuitflow==0.1.0`.
+    dists = sorted(metadata.distributions(), key=lambda d: d.read_text("INSTALLER") is None)
+    for dist in dists:
         name = dist.metadata["Name"]
         key = name.lower().replace("_", "-")
         if not name or key in lines:

@@ -35,7 +35,7 @@ def test_failed_jobs_and_sacct_parsing(tmp_path, monkeypatch):
     assert provenance.slurm_jobs(tmp_path, None)["jobs"] == []
 
 
-def test_pip_freeze_lists_what_pip_freeze_lists():
+def test_pip_freeze_lists_what_pip_freeze_lists(monkeypatch):
     """Read in-process from the distributions' metadata, the list is pip's own (`pip freeze
     --all` of the same interpreter, its comment lines aside). An editable project is its path:
     pip asks git for a clone's remote and commit, which environment.json records."""
@@ -49,6 +49,9 @@ def test_pip_freeze_lists_what_pip_freeze_lists():
     pip = subprocess.run(
         [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
+    # As in a job, whose PYTHONPATH puts src/ (and the egg-info an editable install leaves
+    # there) before site-packages.
+    monkeypatch.syspath_prepend(str(REPO / "src"))
     ours = provenance.pip_freeze().splitlines()
     assert f"-e {REPO}" in ours  # circuitflow, installed editable
     assert sum(line.startswith("-e ") for line in pip) == 1
