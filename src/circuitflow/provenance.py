@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -293,8 +294,8 @@ def pip_freeze() -> str:
     dists = sorted(metadata.distributions(), key=lambda d: d.read_text("INSTALLER") is None)
     for dist in dists:
         name = dist.metadata["Name"]
-        key = name.lower().replace("_", "-")
-        if not name or key in lines:
+        key = re.sub(r"[-_.]+", "-", name).lower() if name else None  # PEP 503's normal form
+        if key is None or key in lines:
             continue
         direct = json.loads(dist.read_text("direct_url.json") or "null") or {}
         url, vcs = direct.get("url"), direct.get("vcs_info")
