@@ -70,6 +70,7 @@ from circuitflow.nodes import hook_name  # noqa: E402
 from circuitflow.sae import stage as sae_stage  # noqa: E402
 from circuitflow.sae import stream_stage  # noqa: E402
 from circuitflow.sae.config import SAETrainConfig  # noqa: E402
+from circuitflow.sae.inputs import Inputs  # noqa: E402
 from circuitflow.sae.stream_plan import StreamGroup  # noqa: E402
 
 PATHS = ("capture_then_train", "stream_one_pass", "stream_per_layer")
@@ -128,7 +129,7 @@ def run_capture_then_train(model, tokens, meta, n_train, args, tmp: Path) -> Pat
     saes = {}
     for (_, layer), path in sorted(targets.items()):
         info = read_activation_info(path)
-        run = sae_stage.train(cfg, sae_stage.Inputs(info), args.device, tmp / f"ck{layer}",
+        run = sae_stage.train(cfg, Inputs(info), args.device, tmp / f"ck{layer}",
                               sae_stage.capture_fingerprint(cfg, info), None, {})  # fmt: skip
         saes[info.hook_name] = run.trainer.sae
     t2 = time.perf_counter()

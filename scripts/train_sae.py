@@ -24,13 +24,12 @@ def run() -> None:
         "--checkpoint-dir", help="where checkpoints live (default: OUT.ckpt next to OUT)"
     )
     args, config = cli.parse(parser)
-    from circuitflow.capture.files import read_activation_info
     from circuitflow.sae.config import SAETrainConfig
+    from circuitflow.sae.inputs import Inputs
 
-    # A bad sae key, then an unusable file, refused before SAELens's import (~5 s of CPU).
-    SAETrainConfig.from_config(config)
-    for path in args.activations:
-        read_activation_info(path)
+    # A bad sae key, then unusable files: the stage's own check, before SAELens's import
+    # (~5 s of CPU).
+    Inputs.read(SAETrainConfig.from_config(config), args.activations)
     from circuitflow.sae import stage  # SAELens's import takes seconds: not for --help
 
     metrics = stage.run(config, args.activations, args.model_json, args.out, args.checkpoint_dir)

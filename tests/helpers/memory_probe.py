@@ -69,7 +69,8 @@ def sae(case: str, tmp: Path) -> None:
     from circuitflow.sae.config import SAETrainConfig
     from circuitflow.sae.data import ActivationStreamConfig
     from circuitflow.sae.fast import build_trainer
-    from circuitflow.sae.stage import Inputs, memory_estimate
+    from circuitflow.sae.inputs import Inputs
+    from circuitflow.sae.stage import memory_estimate
     from circuitflow.sae.trainer import trainer_config
 
     d_in, rows, batch = 128, 8192, 2048

@@ -18,6 +18,7 @@ from circuitflow.sae.architectures import build_training_sae
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
 from circuitflow.sae.fast import SparseTopKTrainer, build_trainer, sparse_forward
+from circuitflow.sae.inputs import Inputs
 from circuitflow.sae.trainer import ControlledSAETrainer, trainer_config
 
 torch.set_num_threads(1)
@@ -154,7 +155,7 @@ def test_saved_sae_reproduces_the_fast_path_in_saelens(tmp_path):
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=64)
     info = read_activation_info(acts)
     cfg = SAETrainConfig(total_tokens=20_000, batch_size=256, k=K, dead_window_tokens=1024)
-    run = stage.train(cfg, stage.Inputs(info), "cpu", tmp_path / "ckpt", "fp", None, {})
+    run = stage.train(cfg, Inputs(info), "cpu", tmp_path / "ckpt", "fp", None, {})
     assert isinstance(run.trainer, SparseTopKTrainer)
     trained = run.trainer.sae  # the scaling factor is folded in: it takes raw activations
     trained.save_inference_model(tmp_path / "sae")

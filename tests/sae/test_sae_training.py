@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -168,14 +169,21 @@ def test_config_errors_name_the_key():
 
 
 def test_cli_rejects_incomplete_activations_with_one_line(tmp_path):
+    """Refused by the stage's own checks (sae.inputs) before SAELens is imported: a stand-in
+    `sae_lens` that fails on import shadows the real one."""
     acts = write_capture(tiny_model(), tmp_path / "layer_0.h5", n_contexts=4, complete=False)
     config = {"seed": 0, "device": "cpu", "model": {"dtype": "float32"}, "sae": {}}
+    shadow = tmp_path / "shadow" / "sae_lens"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('sae_lens imported before the check')")
+    path = os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")]))
 
     def train(sae: dict) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(REPO / "scripts/train_sae.py"), "--activations", str(acts),
                "--model-json", str(tmp_path / "model.json"), "--out", str(tmp_path / "out"),
                "--config", json.dumps(config | {"sae": sae})]  # fmt: skip
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        env = {**os.environ, "PYTHONPATH": path}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
     proc = train({})
     assert proc.returncode == 2
@@ -184,3 +192,6 @@ def test_cli_rejects_incomplete_activations_with_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
     bad = train({"lr": -1})
     assert bad.returncode == 2 and "sae.lr" in bad.stderr.strip().splitlines()[-1]
+    one_file = train({"kind": "transcoder"})
+    assert one_file.returncode == 2, one_file.stderr
+    assert "--activations: sae.kind transcoder" in one_file.stderr.strip().splitlines()[-1]

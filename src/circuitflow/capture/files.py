@@ -220,6 +220,17 @@ def read_activation_info(path: str | Path) -> ActivationFileInfo:
         )
 
 
+def check_pair(info_in: ActivationFileInfo, info_out: ActivationFileInfo) -> None:
+    """Refuse two activation files that are not one capture's rows of the same tokens."""
+    for key in ("n_tokens", "chunk_rows", "token_set_hash", "model_hash", "layer"):
+        a, b = getattr(info_in, key), getattr(info_out, key)
+        if a != b:
+            raise ActivationFileError(
+                f"{info_in.path} and {info_out.path}: {key} differs ({a} vs {b}); a transcoder "
+                "trains on one capture's input and output rows of the same tokens"
+            )
+
+
 # --- writing whole files --------------------------------------------------------------------------
 def merged_cost(files: list[h5py.File], attrs) -> dict:
     """The shards' forward-pass equivalents (capture's cost attrs) summed, per merged context."""

@@ -1,4 +1,5 @@
-"""Stream shuffled activation batches from a capture-stage HDF5 file.
+"""Stream shuffled activation batches from a capture-stage HDF5 file (or two in lockstep: a
+transcoder's MLP input and output, `PairedActivationStream`).
 
 The stream is a deterministic function of (seed, batch index): epoch ``e`` visits the file's
 blocks (contiguous row ranges aligned to HDF5 chunks) in a seeded order, groups of blocks fill a
@@ -17,7 +18,7 @@ import h5py
 import numpy as np
 import torch
 
-from circuitflow.capture.files import ActivationFileInfo
+from circuitflow.capture.files import ActivationFileInfo, check_pair
 from circuitflow.errors import ActivationFileError
 
 
@@ -198,3 +199,36 @@ class ActivationStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PairedActivationStream:
+    """ActivationStream's batches of two files read in the same shuffled order (the order is a
+    function of the seed and the files' row and chunk counts, which check_pair makes equal),
+    concatenated row-wise: [batch, d_in + d_out]. `position` resumes it as it does one file."""
+
+    def __init__(
+        self,
+        info_in: ActivationFileInfo,
+        info_out: ActivationFileInfo,
+        cfg: ActivationStreamConfig,
+        position: int = 0,
+    ) -> None:
+        check_pair(info_in, info_out)
+        self._streams = (
+            ActivationStream(info_in, cfg, position),
+            ActivationStream(info_out, cfg, position),
+        )
+
+    @property
+    def position(self) -> int:
+        return self._streams[0].position
+
+    def __iter__(self) -> PairedActivationStream:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        return torch.cat([next(s) for s in self._streams], dim=1)
+
+    def close(self) -> None:
+        for s in self._streams:
+            s.close()

@@ -62,7 +62,7 @@ def estimate_sae_training(
     phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
     it (12 bytes per element at once); on CUDA the prefetch thread's pinned batches too.
-    A transcoder reads `n_files` = 2 files in lockstep (sae.transcoder.PairedActivationStream):
+    A transcoder reads `n_files` = 2 files in lockstep (sae.data.PairedActivationStream):
     a buffer each, refilled one after the other (one refill's transient at a time), and its
     batch rows [input | target] are 2 d_in wide, split once more.
     """

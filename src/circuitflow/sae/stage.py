@@ -22,14 +22,14 @@ from typing import Any
 import torch
 
 from circuitflow import memory
-from circuitflow.capture.files import ActivationFileInfo, read_activation_info
+from circuitflow.capture.files import ActivationFileInfo
 from circuitflow.devices import resolve_device
-from circuitflow.errors import ConfigError
 from circuitflow.sae import architectures
 from circuitflow.sae import plan as sae_plan
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
-from circuitflow.sae.data import ActivationStream, ActivationStreamConfig, load_eval_contexts
+from circuitflow.sae.data import ActivationStreamConfig, load_eval_contexts
 from circuitflow.sae.fast import build_trainer
+from circuitflow.sae.inputs import Inputs
 from circuitflow.sae.lifecycle import (
     HeldOut,
     Session,
@@ -50,7 +50,6 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.transcoder import PairedActivationStream, check_pair
 
 log = logging.getLogger(__name__)
 
@@ -105,38 +104,6 @@ def capture_fingerprint(cfg: SAETrainConfig, info: ActivationFileInfo) -> str:
     """sae.lifecycle.fingerprint with what the SAE trains on: the activation file's model,
     token set, hook and rows."""
     return fingerprint(cfg, info.model_hash, info.token_set_hash, info.hook_name, info.n_tokens)
-
-
-# --- inputs ---------------------------------------------------------------------------------------
-@dataclass
-class Inputs:
-    """The activation files a dictionary trains on: its site's (an SAE), or the MLP's input and
-    output at one layer (a transcoder, `target` the output's)."""
-
-    info: ActivationFileInfo
-    target: ActivationFileInfo | None = None
-
-    @classmethod
-    def read(cls, cfg: SAETrainConfig, activations) -> Inputs:
-        paths = [activations] if isinstance(activations, str | Path) else list(activations)
-        want = HOOKS_READ[cfg.kind]
-        if len(paths) != want:
-            what = "the MLP's input and output files" if want == 2 else "one activation file"
-            raise ConfigError(f"--activations: sae.kind {cfg.kind} trains on {what}, got {paths}")
-        infos = [read_activation_info(p) for p in paths]
-        if want == 2:
-            check_pair(*infos)
-        return cls(*infos)
-
-    def stream(self, cfg: ActivationStreamConfig, position: int):
-        if self.target is None:
-            return ActivationStream(self.info, cfg, position)
-        return PairedActivationStream(self.info, self.target, cfg, position)
-
-    @property
-    def site(self) -> str:
-        """Where the dictionary is spliced: the site it reconstructs or predicts."""
-        return (self.target or self.info).site
 
 
 # --- train ----------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ output, so each MLP can be replaced by sparse features (circuit-tracer's replace
 Training is the SAEs' own (sae/stage.py: SAELens's trainer or the fast TopK one, checkpoints,
 resume, L0 control) with one change of data: a batch row is one token's [mlp_in | mlp_out], read
 from the two activation files capture wrote in one forward pass, in one shuffled order
-(`PairedActivationStream`). `as_training_transcoder` makes SAELens's training SAE compare its
-output with the mlp_out half (SAELens's trainer), and sae.fast does the same through `split`.
+(`sae.data.PairedActivationStream`). `as_training_transcoder` makes SAELens's training SAE
+compare its output with the mlp_out half (SAELens's trainer), and sae.fast does the same through
+`split`.
 SAELens's training SAEs already have a transcoder's shapes: an MLP reads and writes d_model, so
 d_in == d_out; the decoder bias is not subtracted from the input (it lives in the output space).
 
@@ -31,10 +32,6 @@ import torch
 from sae_lens import Transcoder, TranscoderConfig, register_sae_class
 from sae_lens.saes.sae import TrainStepInput, TrainStepOutput
 from safetensors.torch import save_file
-
-from circuitflow.capture.files import ActivationFileInfo
-from circuitflow.errors import ActivationFileError
-from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
 
 
 # --- the TopK transcoder SAELens lacks ------------------------------------------------------------
@@ -162,48 +159,3 @@ def save_dictionary(sae: Any, path: Path | str) -> None:
         save_transcoder(sae, path)
     else:
         sae.save_inference_model(path)
-
-
-# --- paired activation files -------------------------------------------------------------------
-def check_pair(info_in: ActivationFileInfo, info_out: ActivationFileInfo) -> None:
-    """Refuse two activation files that are not one capture's rows of the same tokens."""
-    for key in ("n_tokens", "chunk_rows", "token_set_hash", "model_hash", "layer"):
-        a, b = getattr(info_in, key), getattr(info_out, key)
-        if a != b:
-            raise ActivationFileError(
-                f"{info_in.path} and {info_out.path}: {key} differs ({a} vs {b}); a transcoder "
-                "trains on one capture's input and output rows of the same tokens"
-            )
-
-
-class PairedActivationStream:
-    """ActivationStream's batches of two files read in the same shuffled order (the order is a
-    function of the seed and the files' row and chunk counts, which check_pair makes equal),
-    concatenated row-wise: [batch, d_in + d_out]. `position` resumes it as it does one file."""
-
-    def __init__(
-        self,
-        info_in: ActivationFileInfo,
-        info_out: ActivationFileInfo,
-        cfg: ActivationStreamConfig,
-        position: int = 0,
-    ) -> None:
-        check_pair(info_in, info_out)
-        self._streams = (
-            ActivationStream(info_in, cfg, position),
-            ActivationStream(info_out, cfg, position),
-        )
-
-    @property
-    def position(self) -> int:
-        return self._streams[0].position
-
-    def __iter__(self) -> PairedActivationStream:
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        return torch.cat([next(s) for s in self._streams], dim=1)
-
-    def close(self) -> None:
-        for s in self._streams:
-            s.close()
