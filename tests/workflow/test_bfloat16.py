@@ -9,7 +9,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from helpers.dag import load_test_config, read_json, run_snakemake
+from helpers.dag import load_test_config, place_model, read_json, run_snakemake
 
 pytestmark = pytest.mark.slow
 CE = ("ce_clean", "ce_sae", "ce_zero")
@@ -23,10 +23,10 @@ def test_bfloat16_model_measures_in_float32(small_results, tmp_path):
     config = load_test_config("small")
     config["model"] = {"dtype": "bfloat16"}
     bf16 = tmp_path / "results"
-    # train_model reads seed, device and embedded, prompts seed and behaviours, not model.dtype:
-    # the small run's, copied (times kept), are what Snakemake would make again.
-    for part in ("model", "prompts"):
-        shutil.copytree(small_results / part, bf16 / part)
+    # Neither train_model nor prompts reads model.dtype: the small run's model and prompts
+    # (times kept) are what Snakemake would make again.
+    place_model(small_results, config, bf16)
+    shutil.copytree(small_results / "prompts", bf16 / "prompts")
     targets = [
         bf16 / "baseline" / "induction.json",
         bf16 / "saes" / "resid_post" / "layer_1",

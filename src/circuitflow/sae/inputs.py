@@ -1,16 +1,20 @@
 """What train_sae trains on, checked before the stage imports SAELens or loads the model: one
 activation file (an SAE), or the MLP's input and output files at one layer (a transcoder).
-scripts/train_sae.py refuses an unusable set with this same check (in about 0.3 s of CPU, where
+scripts/train_sae.py refuses an unusable set with this same check (in about 0.4 s of CPU, where
 the stage's imports alone take 5)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from circuitflow.capture.files import ActivationFileInfo, check_pair, read_activation_info
 from circuitflow.errors import ConfigError
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
+
+if TYPE_CHECKING:
+    from circuitflow.sae.data import ActivationStreamConfig
 
 
 @dataclass
@@ -33,8 +37,8 @@ class Inputs:
             check_pair(*infos)
         return cls(*infos)
 
-    def stream(self, cfg, position: int):
-        """The training batches (an sae.data.ActivationStreamConfig's), from batch `position`."""
+    def stream(self, cfg: ActivationStreamConfig, position: int):
+        """The training batches, from batch `position`."""
         # The readers need torch: imported by training, not by the check above.
         from circuitflow.sae.data import ActivationStream, PairedActivationStream
 
