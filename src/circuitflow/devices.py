@@ -57,3 +57,13 @@ def precise_math() -> Iterator[None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
         torch.set_float32_matmul_precision(precision)
+
+
+def upload(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without blocking the host: a GPU copies it from pinned memory
+    while the host goes on (a copy from pageable memory waits for the device's queue first).
+    The host's tensor itself on a CPU."""
+    if str(device).startswith("cuda"):
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+

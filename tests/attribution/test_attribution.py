@@ -495,7 +495,7 @@ def test_kept_gradients_are_each_validation_prompts_own(tiny, method):
     scored = attr.score_nodes(model, prompts, saes, cfg)
     kept, sp = scored.kept, scored.spliced
     validation = attr.validation_prompts(prompts, cfg)
-    assert sorted(kept.gradients) == sorted(validation.index) and len(validation) == 4
+    assert sorted(kept.labels) == sorted(validation.index) and len(validation) == 4
     for label in validation.index:
         one = next(splice.iter_batches(prompts.loc[[label]], 1, "cpu"))
         corr = sp.acts(one.corrupted)
