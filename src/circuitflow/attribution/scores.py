@@ -274,29 +274,25 @@ def activation_change(sp: Spliced, clean: dict, corr: dict) -> dict[str, torch.T
     return out
 
 
-def score_nodes(
-    model,
+def fast_pass(
+    sp: Spliced,
     prompts: pd.DataFrame,
-    saes: dict[str, Any],
     cfg: AttributionConfig,
-    bypass_bos: bool = False,
-) -> NodeScores:
-    """Score every node with the fast method on every prompt, and patch a bounded set of nodes
-    exactly on the validation prompts (the reference): the embedding, MLPs and error terms, the
-    top `validation_heads` heads and `validation_features` features (exact_node_list)."""
+    backoff: memory.OOMBackoff,
+    selection: np.ndarray,
+    checked: np.ndarray,
+) -> tuple[Sums, Sums, Kept, torch.Tensor]:
+    """The fast method over every prompt, batch by batch: (its node scores summed over all
+    prompts, the `selection` half and the validation prompts `checked`; activation_change
+    summed; the validation prompts' gradients and clean metric (Kept); the sums of the clean
+    and corrupted metrics [2], float64 on the device).
+
+    Everything a batch adds stays on the device or goes to the host in one copy that does not
+    block (Kept), so the host never waits for the device inside the loop (a GPU runs ahead
+    until the means are read: tests/attribution/test_no_sync.py)."""
     method = cfg.method_record
-    for p in model.parameters():
-        p.requires_grad_(False)
-    device = next(model.parameters()).device
-    if cfg.max_prompts:
-        prompts = prompts.iloc[: cfg.max_prompts]
-    sp = Spliced.of(model, saes, bypass_bos)
-    selection = selection_half(prompts)
-    checked = validation_mask(prompts, cfg)
+    device = next(sp.model.parameters()).device
     fast, moved = Sums(selection=selection, validation=checked), Sums()
-    t0 = time.perf_counter()
-    size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
-    backoff = memory.OOMBackoff(size, str(device), stage="attribution")
     kept = Kept(prompts, checked, device)
 
     def fast_batch(batch: Batch):
@@ -308,9 +304,7 @@ def score_nodes(
         m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
         return scores, activation_change(sp, clean, corr), metric, m_corr
 
-    # Everything a batch adds stays on the device (Sums; the metrics' sums) or goes to the host
-    # in one copy that does not block (Kept): the host reads nothing back until the means.
-    metric_sums = torch.zeros(2, dtype=torch.float64, device=device)  # clean, corrupted
+    metric_sums = torch.zeros(2, dtype=torch.float64, device=device)
     with sp.counter.part(method.name):
         for batch, (scores, change, metric, metric_corr) in run_batches(
             prompts, backoff, device, fast_batch, fast.masks(len(prompts)), checked
@@ -321,6 +315,31 @@ def score_nodes(
                 moved.add(k, v, batch.member[:1])  # the first row: every prompt
             fast.count(batch.rows)
             metric_sums += torch.stack([metric.sum(), metric_corr.sum()]).double()
+    return fast, moved, kept, metric_sums
+
+
+def score_nodes(
+    model,
+    prompts: pd.DataFrame,
+    saes: dict[str, Any],
+    cfg: AttributionConfig,
+    bypass_bos: bool = False,
+) -> NodeScores:
+    """Score every node with the fast method on every prompt, and patch a bounded set of nodes
+    exactly on the validation prompts (the reference): the embedding, MLPs and error terms, the
+    top `validation_heads` heads and `validation_features` features (exact_node_list)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    device = next(model.parameters()).device
+    if cfg.max_prompts:
+        prompts = prompts.iloc[: cfg.max_prompts]
+    sp = Spliced.of(model, saes, bypass_bos)
+    selection = selection_half(prompts)
+    checked = validation_mask(prompts, cfg)
+    t0 = time.perf_counter()
+    size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
+    backoff = memory.OOMBackoff(size, str(device), stage="attribution")
+    fast, moved, kept, metric_sums = fast_pass(sp, prompts, cfg, backoff, selection, checked)
     fast_col = f"score_{cfg.method}"
     columns = {
         fast_col: fast.means(),

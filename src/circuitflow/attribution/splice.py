@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from circuitflow.batching import by_length
-from circuitflow.devices import upload
+from circuitflow.devices import host_tensor, upload
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, Node, head_hook, hook_name, mlp_hook, site_layer
 from circuitflow.perf import PassCounter
@@ -283,7 +283,9 @@ def make_batch(
     ]
     if masks is not None:
         parts.append(masks[:, positions].T)
-    packed = upload(torch.from_numpy(np.concatenate(parts, axis=1).astype(np.int64)), device)
+    host = host_tensor((b, sum(x.shape[1] for x in parts)), torch.int64, device)
+    np.concatenate(parts, axis=1, out=host.numpy(), casting="unsafe")
+    packed = upload(host, device)
     return Batch(
         packed[:, :p],
         packed[:, p : 2 * p],
