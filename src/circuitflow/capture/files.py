@@ -67,6 +67,7 @@ def _create_preallocated(f: h5py.File, name: str, shape, dtype, chunks) -> None:
     dcpl.set_chunk(chunks)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dcpl.set_obj_track_times(False)  # no creation time in its header: a rerun writes the same bytes
     space = h5py.h5s.create_simple(shape)
     h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space, dcpl=dcpl)
 
