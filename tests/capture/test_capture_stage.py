@@ -251,3 +251,29 @@ def test_forward_passes_counted_per_context(model, tokens, tmp_path):
         assert m.attrs["forward_equivalents_per_prompt"] == pytest.approx(1.0)
         assert m.attrs["forward_equivalents_total"] == pytest.approx(37.0)
         assert json.loads(m.attrs["forward_equivalents_by_part"]) == {"capture": pytest.approx(1.0)}
+
+
+def test_progress_never_runs_ahead_of_the_rows(model, tokens, tmp_path, monkeypatch):
+    """The rows go to disk from a thread (writer.py): a checkpoint waits for its unit's rows,
+    here behind a writer slowed down, so a kill after it resumes from rows that are there."""
+    import time
+
+    from circuitflow.capture import writer
+    from circuitflow.capture.files import PartialFile
+
+    write, checkpoint = writer.BatchWriter._write, PartialFile.checkpoint
+    seen = []
+
+    def slow_write(self, *args):
+        time.sleep(0.02)
+        write(self, *args)
+
+    def checked(self, done, batch_size):
+        rows = self.file["acts"][: done * 11]
+        seen.append(int((np.abs(rows).sum(1) > 0).sum()) == len(rows))
+        checkpoint(self, done, batch_size)
+
+    monkeypatch.setattr(writer.BatchWriter, "_write", slow_write)
+    monkeypatch.setattr(PartialFile, "checkpoint", checked)
+    run(model, tokens, tmp_path, layers=(1,), sites=("resid_post",), batch_size=4)
+    assert len(seen) > 3 and all(seen)
