@@ -61,6 +61,10 @@ class Dictionary:
     kind: str  # sae or transcoder (sites.dictionary_kind)
     width: int  # its latents (d_sae)
     width_from: str  # where the width came from, in words
+    # The most latents active at a position, as planned: a TopK or BatchTopK dictionary's k
+    # (a published one's from its cfg.json), else twice `sae.target_l0`.
+    active: int = 0
+    active_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,12 @@ def context_length(config: Mapping[str, Any], n_ctx: int) -> int:
     return config["capture"]["context_length"] or (min(n_ctx, REAL_CONTEXT) if real else n_ctx)
 
 
-def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[int, str] | None:
-    """A published dictionary's d_sae and where it was read, or None where its cfg.json cannot
-    be read here (a release not fetched yet; a directory the job will refuse in one line)."""
+def published_view(
+    config: Mapping[str, Any], site: str, layer: int
+) -> tuple[dict[str, Any], str] | None:
+    """A published dictionary's cfg.json (published.cfg_view, with an integer d_sae) and where
+    it was read, or None where it cannot be read here (a release not fetched yet; a directory
+    the job will refuse in one line)."""
     try:
         d = published.dictionary_for(config["sae"]["pretrained"], site, layer)
         if d.path is not None:
@@ -144,28 +151,47 @@ def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[i
             where = f"{d.release} {d.sae_id}'s {published.CFG_FILE} in the Hugging Face cache"
     except (ConfigError, InputError, KeyError, TypeError):
         return None
-    width = view.get("d_sae")
-    return (width, where) if isinstance(width, int) else None
+    return (view, where) if isinstance(view.get("d_sae"), int) else None
+
+
+def trained_active(sae: Mapping[str, Any]) -> tuple[int, str]:
+    """The most latents a dictionary the run trains has active at a position: `sae.k` for TopK
+    and BatchTopK, else planned at twice `sae.target_l0` (JumpReLU and ReLU)."""
+    if sae["architecture"] in ("topk", "batchtopk"):
+        return int(sae["k"]), "sae.k"
+    return int(2 * sae["target_l0"]), "2 x sae.target_l0"
 
 
 def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictionary, ...], bool]:
     sae = config["sae"]
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
     how = "sae.d_sae" if sae["d_sae"] else f"sae.expansion_factor x d_model {d_model}"
+    active, active_how = trained_active(sae)
     found, known = [], True
-    # Published dictionaries (sae.source pretrained: made by sae.pretrained) have their own width.
+    # Published dictionaries (sae.source pretrained: made by sae.pretrained) have their own
+    # width and, TopK ones, their own k.
     published_source = dictionary_sources.get(config).changes_dictionaries("sae.pretrained")
     for site in dictionary_sites(config):
         for layer in config["layers"]:
-            width, where = trained, how
+            width, where, k, k_where = trained, how, active, active_how
             if published_source:
-                read = published_width(config, site, int(layer))
+                read = published_view(config, site, int(layer))
                 if read is None:
                     known = False
                     where = f"{how} (its cfg.json not readable yet: planned at the config's)"
+                    k_where = f"{active_how} (its cfg.json not readable yet)"
                 else:
-                    width, where = read
-            found.append(Dictionary(site, int(layer), dictionary_kind(config, site), width, where))
+                    view, cfg_file = read
+                    width, where = view["d_sae"], cfg_file
+                    if isinstance(view.get("k"), int):
+                        k, k_where = view["k"], cfg_file
+                    else:
+                        k_where = f"{active_how} ({cfg_file} states no k)"
+            found.append(
+                Dictionary(
+                    site, int(layer), dictionary_kind(config, site), width, where, k, k_where
+                )
+            )
     return tuple(found), known
 
 

@@ -103,6 +103,7 @@ def cfg_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "d_in": cfg.get("d_in"),
         "d_sae": cfg.get("d_sae"),
+        "k": cfg.get("k"),  # TopK and BatchTopK: latents active at a position
         "architecture": cfg.get("architecture"),
         "hook_name": get("hook_name", "hook_point"),
         "hook_head_index": get("hook_head_index", "hook_point_head_index"),
