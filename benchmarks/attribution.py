@@ -369,9 +369,9 @@ def main() -> None:
                 data["summary"] = summary(data, cuda)
                 write(args.json, data)
                 print(f"{tree:5s} {result['tokens_per_s']:10,.0f} tokens/s  "
-                      f"syncs/batch {result['syncs_per_batch']:.0f}  "
-                      f"host copies/batch {result['host_copies_per_batch']:.0f}  "
-                      f"decodes/batch {result['decodes_per_batch']:.0f}", flush=True)  # fmt: skip
+                      f"syncs/batch {result['syncs_per_batch']:.1f}  "
+                      f"host copies/batch {result['host_copies_per_batch']:.1f}  "
+                      f"decodes/batch {result['decodes_per_batch']:.1f}", flush=True)  # fmt: skip
     print(json.dumps(data["summary"], indent=2))
 
 

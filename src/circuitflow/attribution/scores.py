@@ -109,8 +109,8 @@ class Kept:
     memory writes the same slots again."""
 
     def __init__(self, prompts: pd.DataFrame, mask: np.ndarray, device) -> None:
-        order = np.concatenate([idx[mask[idx]] for idx in by_length(prompts["clean_tokens"])])
-        order = order.astype(np.int64) if len(order) else np.zeros(0, dtype=np.int64)
+        groups = [idx[mask[idx]] for idx in by_length(prompts["clean_tokens"])]
+        order = np.concatenate([np.zeros(0, dtype=np.int64), *groups]).astype(np.int64)
         self.labels = list(prompts.index[order])
         self.slot = {label: i for i, label in enumerate(self.labels)}
         self.lengths = np.array([len(prompts["clean_tokens"].iloc[i]) for i in order])
