@@ -218,14 +218,13 @@ def test_walltimes_and_gpu_hours_count_the_same_flops(path, variant):
         assert table.loc[stage, "pflop"] * 1e15 == pytest.approx(sum(flops.values()), rel=1e-9)
 
 
-def test_prompt_graphs_plan_each_transcoders_own_k(tmp_path):
+def test_prompt_graphs_plan_each_transcoders_own_k(published, tmp_path):
     """The per-prompt graphs' features are planned from each transcoder's active latents as the
     description states them: a published one's k from its cfg.json (here 24 and 40, not the
     config's `sae.k`), a trained one's `sae.k` (TopK) or twice `sae.target_l0`."""
     from circuitflow.attribution.prompt_graphs import plan
 
-    config = cf_config.load(PUBLISHED)
-    config |= {"layers": [0, 1], "sites": ["mlp_out"]}
+    config = copy.deepcopy(published[0]) | {"layers": [0, 1], "sites": ["mlp_out"]}
     config["sae"] = {**config["sae"], "kind": "transcoder", "k": 16, "target_l0": 10}
     d_model = architectures.model_cfg(config).d_model
     ks = {0: 24, 1: 40}
