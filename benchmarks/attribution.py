@@ -17,8 +17,9 @@ the validation prompts' gradients kept, exact patching left out of the timing. P
   the host (on a GPU every device-to-host copy; on a CPU the copies the code asks to the host:
   `.to("cpu")` and non-blocking copies into host memory) and SAE decodes;
 - the FLOPs it ran (torch's FlopCounterMode: every matmul, forward and backward) and their
-  share of the peak of the dtype they ran in: float32 without TF32, measured here as a matmul
-  at the pass's largest shape ([batch x positions, d_model] x [d_model, d_sae]).
+  share of the peak of the dtype they ran in: float32 without TF32, measured here as the best
+  of the pass's two largest matmuls ([batch x positions, d_model] x [d_model, d_sae] and
+  x [d_model, d_vocab]).
 
 Every figure goes into the JSON (`--json`) as soon as it is measured. On a GPU the summary sets
 the new rate against the target: 10 x 2,324 tokens/s, the rate of the H200 run of 2026-11-27
@@ -31,13 +32,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+
+import trees
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_BASE = 2324.2  # tokens/s: gpu_suite-nvidia-h200-cuda.json, attribution "atp, 12 SAEs"
@@ -271,34 +272,11 @@ def peak_flops(device: str, m: int, k: int, n: int, reps: int = 10) -> float:
     return best
 
 
-def export(ref: str, into: Path) -> Path | None:
-    """`ref`'s src/ under `into` (git archive), or None where git cannot (no repository)."""
-    try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "src", "workflow"],
-                                 capture_output=True, check=True).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
-
-
 def run_worker(src: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--device", args.device]
+    args_ = ["--device", args.device, "--repeats", str(args.repeats)]
     for key in ("layers", "d_sae", "k", "prompts", "length", "batch", "validation"):
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    cmd += ["--repeats", str(args.repeats)]
-    env = {**os.environ, "PYTHONPATH": str(src), "TQDM_DISABLE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"worker on {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def write(path: Path | None, data: dict) -> None:
-    if path is not None:
-        from circuitflow.io import write_json
-
-        write_json(path, data)
+        args_ += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    return trees.run_worker(__file__, src, args_)
 
 
 def summary(data: dict, cuda: bool) -> dict:
@@ -322,22 +300,16 @@ def summary(data: dict, cuda: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default=None, help="cuda if present, else cpu")
     ap.add_argument("--sizes", choices=sorted(SIZES), default=None, help="gpt2 on a GPU")
     for key in ("layers", "d_sae", "k", "prompts", "length", "batch", "validation", "rounds"):
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=2, help="timed passes a process")
-    ap.add_argument("--baseline-ref", default="main", help="git ref of today's code")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args)))
+    parsed = trees.parse(ap, worker)
+    if parsed is None:
         return
+    args, cuda = parsed
     import torch
 
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = args.device.startswith("cuda")
     sizes = SIZES[args.sizes or ("gpt2" if cuda else "small")]
     for key, value in sizes.items():
         if getattr(args, key) is None:
@@ -352,22 +324,21 @@ def main() -> None:
         "runs": {"today": [], "new": []},
     }
     d_model = 768
-    data["peak_flops_float32"] = peak_flops(
-        args.device, args.batch * args.length, d_model, args.d_sae
+    # The pass's two largest products: an SAE's encoder and the unembedding, a batch's tokens.
+    rows = args.batch * args.length
+    data["peak_flops_float32"] = max(
+        peak_flops(args.device, rows, d_model, n) for n in (args.d_sae, 50257)
     )
-    write(args.json, data)
+    trees.write(args.json, data)
     print(f"float32 (no TF32) matmul peak: {data['peak_flops_float32'] / 1e12:.3g} TFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
-        old = export(args.baseline_ref, Path(tmp))
-        if old is None:
-            data["baseline_note"] = f"no git repository here: {args.baseline_ref} not run"
-        trees = [("new", REPO / "src")] + ([("today", old)] if old else [])
+        code = trees.trees(args.baseline_ref, Path(tmp), data)
         for _ in range(args.rounds):
-            for tree, src in trees:
+            for tree, src in code:
                 result = run_worker(src, args)
                 data["runs"][tree].append(result)
                 data["summary"] = summary(data, cuda)
-                write(args.json, data)
+                trees.write(args.json, data)
                 print(f"{tree:5s} {result['tokens_per_s']:10,.0f} tokens/s  "
                       f"syncs/batch {result['syncs_per_batch']:.1f}  "
                       f"host copies/batch {result['host_copies_per_batch']:.1f}  "

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+import trees
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.8  # of the disk's write rate, on a GPU (issue 46)
@@ -157,34 +157,13 @@ def matmul_peak(device: str, dtype_name: str, m: int, k: int, n: int) -> float:
     return best
 
 
-def export(ref: str, into: Path) -> Path | None:
-    """`ref`'s src/ (and the schema it reads) under `into`, or None where git cannot."""
-    try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "src", "workflow"],
-                                 capture_output=True, check=True).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
-
-
 def run_worker(src: Path, size: tuple, args, work: Path) -> dict:
     model, layers, tokens, context, batch = size
-    cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--model", model,
-           "--layers", str(layers or 0), "--tokens", str(tokens), "--context", str(context),
-           "--batch", str(batch or 0), "--dir", str(work)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(src), "TQDM_DISABLE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"worker on {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def write(path: Path | None, data: dict) -> None:
-    if path is not None:
-        from circuitflow.io import write_json
-
-        write_json(path, data)
+    return trees.run_worker(__file__, src, [
+        "--device", args.device, "--model", model, "--layers", str(layers or 0),
+        "--tokens", str(tokens), "--context", str(context), "--batch", str(batch or 0),
+        "--dir", str(work),
+    ])  # fmt: skip
 
 
 def summarise(data: dict, cuda: bool) -> dict:
@@ -193,15 +172,16 @@ def summarise(data: dict, cuda: bool) -> dict:
 
     out = {}
     disk = max(data["disk_bytes_per_s"], default=float("nan"))
-    for name, trees in data["runs"].items():
+    for name, by_tree in data["runs"].items():
         out[name] = {}
-        for tree, runs in trees.items():
+        for tree, runs in by_tree.items():
             if not runs:
                 continue
             best = max(runs, key=lambda r: r["bytes_per_s"])
             row = {k: best[k] for k in ("tokens_per_s", "bytes_per_s", "forward_tokens_per_s")}
             row["share_of_disk"] = best["bytes_per_s"] / disk
-            size = SIZES["cuda" if cuda else "cpu"][name]
+            size = data["sizes"][name]
+            size = (size["model"], size["layers"], size["tokens"], size["context"], size["batch"])
             if size[0] == "gpt2":
                 cfg = architectures.config(
                     "gpt2-small", **({"n_layers": size[1]} if size[1] else {})
@@ -223,24 +203,22 @@ def summarise(data: dict, cuda: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default=None, help="cuda if present, else cpu")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--baseline-ref", default="main", help="git ref of today's code")
+    ap.add_argument("--scale", type=float, default=1.0, help="this share of each size's tokens")
     ap.add_argument("--dir", default=None, help="where files go (default: a temp dir here)")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for key, kind in (("model", str), ("layers", int), ("tokens", int), ("context", int),
                       ("batch", int)):  # fmt: skip
         ap.add_argument(f"--{key}", type=kind, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args)))
+    parsed = trees.parse(ap, worker)
+    if parsed is None:
         return
+    args, cuda = parsed
     import torch
 
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = args.device.startswith("cuda")
-    sizes = SIZES["cuda" if cuda else "cpu"]
+    sizes = {
+        name: (m, layers, int(tokens * args.scale), ctx, batch)
+        for name, (m, layers, tokens, ctx, batch) in SIZES["cuda" if cuda else "cpu"].items()
+    }
     data = {
         "benchmark": "capture against the disk, today's code and this checkout's",
         "device": args.device,
@@ -255,22 +233,19 @@ def main() -> None:
     }
     dtype = "bfloat16" if cuda else "float32"
     data["peak_flops"] = {dtype: matmul_peak(args.device, dtype, 256 * 128, 768, 3072)}
-    write(args.json, data)
+    trees.write(args.json, data)
     with tempfile.TemporaryDirectory(dir=args.dir or ".") as tmp:
         work = Path(tmp)
-        old = export(args.baseline_ref, work)
-        if old is None:
-            data["baseline_note"] = f"no git repository here: {args.baseline_ref} not run"
-        trees = [("new", REPO / "src")] + ([("today", old)] if old else [])
+        code = trees.trees(args.baseline_ref, work, data)
         for _ in range(args.rounds):
             for name, size in sizes.items():
-                for tree, src in trees:
+                for tree, src in code:
                     result = run_worker(src, size, args, work)
                     data["runs"][name][tree].append(result)
                     disk = disk_write_rate(work, result["bytes_written"])
                     data["disk_bytes_per_s"].append(disk)
                     data["summary"] = summarise(data, cuda)
-                    write(args.json, data)
+                    trees.write(args.json, data)
                     print(f"{name:9s} {tree:5s} {result['tokens_per_s']:12,.0f} tokens/s "
                           f"{result['bytes_per_s'] / 1e6:8.1f} MB/s (disk {disk / 1e6:,.0f} MB/s) "
                           f"forward {result['forward_tokens_per_s']:12,.0f} tokens/s",

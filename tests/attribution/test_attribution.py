@@ -394,7 +394,7 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     assert counted["edge_validation"] <= planned["edge_validation"]
 
 
-def test_attribution_benchmark_counts_the_pass():
+def test_attribution_benchmark_counts_the_pass(monkeypatch):
     """benchmarks/attribution.py's worker (one code tree's figures) on a one-layer model, as it
     runs this checkout: no read-back, at most one copy to the host and one decode an SAE per
     forward (the corrupted and the clean one) a batch; today's code read back ~200 times a batch
@@ -404,6 +404,7 @@ def test_attribution_benchmark_counts_the_pass():
 
     from helpers.dag import REPO
 
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # its shared module, trees.py
     bench = runpy.run_path(str(REPO / "benchmarks" / "attribution.py"))
     sizes = dict(layers=1, d_sae=64, k=4, prompts=4, length=8, batch=2, validation=2)
     out = bench["worker"](argparse.Namespace(device="cpu", repeats=1, **sizes))
