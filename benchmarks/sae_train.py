@@ -50,7 +50,7 @@ from circuitflow.perf import (  # noqa: E402
 from circuitflow.sae.architectures import build_training_sae  # noqa: E402
 from circuitflow.sae.config import SAETrainConfig  # noqa: E402
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig  # noqa: E402
-from circuitflow.sae.fast import build_trainer  # noqa: E402
+from circuitflow.sae.trainers import build_trainer  # noqa: E402
 from circuitflow.sae.trainer import trainer_config  # noqa: E402
 
 TRAINERS = ("fast", "saelens")

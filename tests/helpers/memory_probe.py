@@ -68,7 +68,7 @@ def sae(case: str, tmp: Path) -> None:
     from circuitflow.sae.architectures import build_training_sae
     from circuitflow.sae.config import SAETrainConfig
     from circuitflow.sae.data import ActivationStreamConfig
-    from circuitflow.sae.fast import build_trainer
+    from circuitflow.sae.trainers import build_trainer
     from circuitflow.sae.inputs import Inputs
     from circuitflow.sae.stage import memory_estimate
     from circuitflow.sae.trainer import trainer_config
