@@ -383,9 +383,9 @@ class Suite:
         from circuitflow.sae.architectures import build_training_sae
         from circuitflow.sae.config import SAETrainConfig
         from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
-        from circuitflow.sae.trainers import build_trainer
         from circuitflow.sae.stage import memory_estimate
         from circuitflow.sae.trainer import trainer_config
+        from circuitflow.sae.trainers import build_trainer
 
         sizes = self.sizes
         info = read_activation_info(path)

@@ -89,7 +89,7 @@ def test_bf16_step_equals_saelens_autocast_step(architecture):
     x, dead = batch_and_dead(40)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = saelens_step(ref, x, dead)
-    full = saelens_step(exact, x, dead)
+    saelens_step(exact, x, dead)
     got = our_step(ours, x, dead, autocast=True)
     assert got.mse.dtype == got.grads[0].dtype == torch.float32
     torch.testing.assert_close(got.mse[0], expected.losses["mse_loss"], rtol=1e-4, atol=0)
@@ -203,7 +203,7 @@ def test_the_other_trainers_steps_read_back(trainer):
     assert len(mode.found) >= 2 * (3 if trainer == "fast" else 1), mode.found
 
 
-# --- sae.trainer: auto -----------------------------------------------------------------------------
+# --- sae.trainer: auto ----------------------------------------------------------------------------
 def measured(kind: str, name: str | None, created: str, **rates: float) -> dict:
     return {"type": kind, "gpu": name, "file": f"sae_train-{name or kind}.json",
             "created": created, "rates": rates}  # fmt: skip

@@ -236,8 +236,13 @@ def _run(out: Path, ckpt: Path, config: dict) -> Forked:
         (TRANSCODER, signal.SIGKILL),
         (STACKED, signal.SIGTERM),
     ],
-    ids=["fast-topk-sigterm", "fast-topk-sigkill", "saelens-standard-sigterm", "transcoder",
-         "gpu-stacked-sigterm"],  # fmt: skip
+    ids=[
+        "fast-topk-sigterm",
+        "fast-topk-sigkill",
+        "saelens-standard-sigterm",
+        "transcoder",
+        "gpu-stacked-sigterm",
+    ],  # fmt: skip
 )
 def test_kill_and_rerun_matches_the_uninterrupted_run(tmp_path, config, kill):
     """SIGTERM (Slurm's walltime warning: checkpoint now, exit 75) or SIGKILL (no warning: the

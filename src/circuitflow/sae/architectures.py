@@ -96,10 +96,15 @@ ARCHITECTURES: dict[str, Architecture] = {
     # SAELens has no TopK transcoder: sae/transcoder.py registers ours. BatchTopK is saved with
     # its learned threshold, as SAELens saves BatchTopK SAEs as JumpReLU.
     "topk": Architecture(
-        _topk, None, 11.0, "topk_transcoder", sparse_wide_per_row=3.1, gpu_wide_per_row=7.0
+        _topk, None, 11.0, "topk_transcoder", sparse_wide_per_row=3.1, gpu_wide_per_row=2.4
     ),
+    # BatchTopK's topk over the whole [batch * d_sae] batch copies it on CPU (values, indices).
     "batchtopk": Architecture(
-        _batchtopk, None, 12.0, "jumprelu_transcoder", sparse_wide_per_row=6.8,
+        _batchtopk,
+        None,
+        12.0,
+        "jumprelu_transcoder",
+        sparse_wide_per_row=6.8,
         gpu_wide_per_row=7.0,
     ),
     "jumprelu": Architecture(_jumprelu, "l0", 9.5, "jumprelu_transcoder"),

@@ -111,6 +111,12 @@ def _scatter(flat: torch.Tensor, values: torch.Tensor, shape: Sequence[int], dty
     return out.scatter_(1, flat, values.to(dtype)).view(*shape)
 
 
+def _hidden_pre(pre: torch.Tensor, b_enc: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """SAELens's hidden_pre, x W_enc + b_enc, at the entries `flat`, in float32."""
+    m, _, d_sae = pre.shape
+    return pre.view(m, -1).gather(1, flat).float() + b_enc.gather(1, flat % d_sae)
+
+
 @torch.no_grad()
 def forward_backward(
     weights: Sequence[torch.Tensor],
@@ -153,13 +159,12 @@ def forward_backward(
         aux_valid = aux_values > float("-inf")  # past the dead count: weight 0
     del scores
 
-    def hidden_pre(at: torch.Tensor) -> torch.Tensor:  # x W_enc + b_enc at the entries
-        return pre.view(m, -1).gather(1, at).float() + b_enc.gather(1, at % d_sae)
-
     # The decoder reads SAELens's activation over the decoder norm: the ReLU'd hidden_pre;
     # AuxK's is not ReLU'd.
-    h = hidden_pre(flat)
-    weights_aux = hidden_pre(aux_flat).mul_(aux_valid) if aux_flat is not None else None
+    h = _hidden_pre(pre, b_enc, flat)
+    weights_aux = (
+        _hidden_pre(pre, b_enc, aux_flat).mul_(aux_valid) if aux_flat is not None else None
+    )
     del pre
     shape = (m, batch, d_sae)
     A = _scatter(flat, h.relu(), shape, cd)
@@ -350,9 +355,10 @@ class Stack:
             if not s:
                 continue
             mine = self.optimizer.state[p]
-            if not mine:
-                mine.update(step=torch.zeros((), device=self.device),
-                            exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))  # fmt: skip
+            if not mine:  # Adam makes its state at its first step: a resumed run's is loaded
+                zeros = torch.zeros_like(p)
+                mine.update(step=torch.zeros((), device=self.device), exp_avg=zeros,
+                            exp_avg_sq=zeros.clone())  # fmt: skip
             mine["step"].copy_(torch.as_tensor(s["step"]))
             mine["exp_avg"][i].copy_(s["exp_avg"])
             mine["exp_avg_sq"][i].copy_(s["exp_avg_sq"])
@@ -369,8 +375,7 @@ class Stack:
         step, (mse, aux) = landed
         members = range(len(self)) if i is None else [i]
         return f"{step}| " + " | ".join(
-            f"mse_loss: {mse[j]:.5f} | auxiliary_reconstruction_loss: {aux[j]:.5f}"
-            for j in members
+            f"mse_loss: {mse[j]:.5f} | auxiliary_reconstruction_loss: {aux[j]:.5f}" for j in members
         )
 
     # --- the step ---------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ Steps: `resume_state` (the newest checkpoint, if it was made for this config and
 fingerprint rule of sae.lifecycle), `plan` (the batch size, from memory when `sae.batch_size:
 auto`), `train` (the trainer sae.trainers picks: SAELens's, or for TopK and BatchTopK sae.fast's
 or sae.stacked's, streaming batches from the HDF5 file, checkpointing every
-`checkpoint_every_tokens` and on SIGTERM), then the SAE written in SAELens's format, reloaded from disk and measured on the model
-(`summarise`) into metrics.json, replacing the output directory atomically (sae.lifecycle's
-writer, as every source's). Checkpoints live outside the output directory, because Snakemake
-deletes a `directory()` output before a retry.
+`checkpoint_every_tokens` and on SIGTERM), then the SAE written in SAELens's format, reloaded
+from disk and measured on the model (`summarise`) into metrics.json, replacing the output
+directory atomically (sae.lifecycle's writer, as every source's). Checkpoints live outside the
+output directory, because Snakemake deletes a `directory()` output before a retry.
 """
 
 from __future__ import annotations

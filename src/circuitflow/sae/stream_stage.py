@@ -6,11 +6,11 @@ token set and group: sae.lifecycle's fingerprint rule), `plan` (the SAE batch an
 batch, from memory where not fixed; a resumed run keeps its own), `train` (SAELens's
 MultiSAETrainer stepping one of our trainers per SAE in lockstep on a
 sae.stream.ModelActivationStream: ControlledSAETrainer, sae.fast's, or sae.stacked's, whose
-members of one shape step as one, as sae.trainers picks; checkpoints of every SAE and the stream position
-together, every `checkpoint_every_tokens` and on SIGTERM: sae.lifecycle's cadence), then each
-SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`, reloaded and measured on
-the model (`metrics.json`, as train_sae writes it, with the stream's counted forward passes;
-sae.lifecycle's writer). No activation file is read or written.
+members of one shape step as one, as sae.trainers picks; checkpoints of every SAE and the
+stream position together, every `checkpoint_every_tokens` and on SIGTERM: sae.lifecycle's
+cadence), then each SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`,
+reloaded and measured on the model (`metrics.json`, as train_sae writes it, with the stream's
+counted forward passes; sae.lifecycle's writer). No activation file is read or written.
 
 Checkpoint layout: `{checkpoint_dir}/step_{n}/` (sae.checkpoint) holds one tensor file with
 every member's weights, Adam state, firing statistics and RNG under `{i}/...` (member i, in the

@@ -56,8 +56,8 @@ def device_kind(device: str) -> str | None:
     """`cpu`, the GPU's name (e.g. `NVIDIA H200`), `cuda` where the GPU is not visible here (a
     login node planning a GPU job), or the device type."""
     kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else kind
+    if kind == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
     return kind
 
 
