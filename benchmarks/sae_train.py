@@ -261,8 +261,10 @@ def sparsify_missing() -> str | None:
     try:
         import sparsify  # noqa: F401
     except ImportError as err:
-        return (f"eai-sparsify is not installed in this environment ({err}): pip install "
-                "--no-deps --target DIR eai-sparsify natsort schedulefree, DIR on PYTHONPATH")  # fmt: skip
+        return (
+            f"eai-sparsify is not installed in this environment ({err}): pip install --no-deps "
+            "--target DIR eai-sparsify natsort schedulefree, DIR on PYTHONPATH"
+        )
     return None
 
 
@@ -432,14 +434,16 @@ def summarise(result: dict, runs: dict[str, list[Run]], dense: float) -> None:
 
 
 def print_line(name: str, r: dict) -> None:
-    parts = [f"{name}: d_in={r['d_in']} d_sae={r['d_sae']} k={r['k']} batch={r['batch_size']} "
-             f"steps={r['steps']} {r['compute_dtype']} peak {r['peak_flops_at_step_shape']:.3g}"]  # fmt: skip
+    parts = [
+        f"{name}: d_in={r['d_in']} d_sae={r['d_sae']} k={r['k']} batch={r['batch_size']} "
+        f"steps={r['steps']} {r['compute_dtype']} peak {r['peak_flops_at_step_shape']:.3g}"
+    ]
     for t in TRAINERS:
         if f"{t}_tokens_per_s" in r:
+            speedup = r.get(f"{t}_speedup_vs_saelens", 1.0)
             parts.append(
-                f"{t} {r[f'{t}_tokens_per_s']:,.0f} tok/s ({r.get(f'{t}_speedup_vs_saelens', 1):.2f}x"
-                f" SAELens, EV {r['explained_variance'][t]:.4f}, "
-                f"{r[f'{t}_share_of_roofline']:.3f} of roofline)"
+                f"{t} {r[f'{t}_tokens_per_s']:,.0f} tok/s ({speedup:.2f}x SAELens, EV "
+                f"{r['explained_variance'][t]:.4f}, {r[f'{t}_share_of_roofline']:.3f} of roofline)"
             )
     print(" | ".join(parts), flush=True)
 
