@@ -67,7 +67,8 @@ from circuitflow.sae.architectures import build_training_sae  # noqa: E402
 from circuitflow.sae.config import SAETrainConfig  # noqa: E402
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig  # noqa: E402
 from circuitflow.sae.trainer import trainer_config  # noqa: E402
-from circuitflow.sae.trainers import Choice, build_trainer  # noqa: E402
+from circuitflow.sae.trainer_choice import Choice  # noqa: E402
+from circuitflow.sae.trainers import build_trainer  # noqa: E402
 
 OURS = ("gpu", "fast", "saelens")
 TRAINERS = (*OURS, "sparsify")

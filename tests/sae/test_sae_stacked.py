@@ -18,7 +18,8 @@ from tqdm import tqdm
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.stacked import PARAMS, Stack, StepSpec, forward_backward
 from circuitflow.sae.trainer import trainer_config
-from circuitflow.sae.trainers import Choice, build_group, pick, resumed
+from circuitflow.sae.trainer_choice import Choice, pick, resumed
+from circuitflow.sae.trainers import build_group
 
 torch.set_num_threads(1)
 MLP_OUT = "blocks.0.hook_mlp_out"

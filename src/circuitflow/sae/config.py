@@ -125,7 +125,7 @@ class SAETrainConfig:
 
     def trainer_on(self, device: str) -> str:
         """The trainer that trains this dictionary on `device` (sae.trainers.choose)."""
-        from circuitflow.sae.trainers import choose
+        from circuitflow.sae.trainer_choice import choose
 
         return choose(self, device).trainer
 

@@ -45,7 +45,7 @@ from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.metrics import evaluate_dictionary
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.trainer import ControlledSAETrainer, RunClock, dead_window_steps
-from circuitflow.sae.trainers import Choice
+from circuitflow.sae.trainer_choice import Choice
 from circuitflow.sae.transcoder import is_transcoder, save_dictionary
 
 log = logging.getLogger(__name__)

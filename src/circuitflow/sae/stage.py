@@ -49,7 +49,8 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.trainers import Choice, build_trainer, choose, resumed
+from circuitflow.sae.trainer_choice import Choice, choose, resumed
+from circuitflow.sae.trainers import build_trainer
 
 log = logging.getLogger(__name__)
 

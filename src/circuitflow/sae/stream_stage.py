@@ -64,7 +64,8 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
-from circuitflow.sae.trainers import Choice, build_group, choose, resumed
+from circuitflow.sae.trainer_choice import Choice, choose, resumed
+from circuitflow.sae.trainers import build_group
 
 log = logging.getLogger(__name__)
 
