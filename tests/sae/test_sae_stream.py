@@ -189,13 +189,15 @@ def test_a_group_of_transcoders_reads_each_mlps_input_and_output(tmp_path):
     assert stream["members"] == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
 
 
-def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path):
+@pytest.mark.parametrize("trainer", ["auto", "gpu"])
+def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path, trainer):
     """sae.kind both: a layer's residual SAE and its transcoder from one stream are, bit for
     bit, what a one-member job of each kind gives (the SAE reads its hook, the transcoder its
-    MLP's input and output), and each one's metrics name its own kind."""
+    MLP's input and output; with the gpu trainer each in a stack of its kind), and each one's
+    metrics name its own kind."""
     model = tiny_model()
     toks, meta = token_set()
-    small = {**CFG, "total_tokens": 8_192}
+    small = {**CFG, "total_tokens": 8_192, "trainer": trainer}
     members = [("resid_post", 1), ("mlp_out", 1)]
     outs = [tmp_path / "sae", tmp_path / "transcoder"]
     found = train_stream_group(toks, meta, members, outs,
