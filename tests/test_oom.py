@@ -71,18 +71,16 @@ def test_interventions_halve_their_batch_and_measure_the_same(tiny, monkeypatch,
     np.testing.assert_allclose(got.logit_diff, ref.logit_diff, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("trainer", ["auto", "gpu"])
-def test_sae_step_is_redone_in_micro_batches_with_the_same_result(
-    tmp_path, monkeypatch, caplog, trainer
-):
+def test_sae_step_is_redone_in_micro_batches_with_the_same_result(tmp_path, monkeypatch, caplog):
     """The step that ran out of memory is redone as two accumulated halves: the same step,
-    learning rate and data, so the SAE matches the unbroken run up to float rounding."""
+    learning rate and data, so the SAE matches the unbroken run up to float rounding (the gpu
+    trainer's halves: tests/sae/test_sae_stacked.py)."""
     model = tiny_model()
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=16)
     cfg = SAETrainConfig.from_dict(
         {"d_sae": 64, "k": 4, "batch_size": 256, "total_tokens": 2048, "lr_warm_up_steps": 2,
          "checkpoint_every_tokens": 100_000, "dead_window_tokens": 1024, "eval_contexts": 4,
-         "shuffle_buffer_tokens": 1024, "trainer": trainer}, device="cpu",
+         "shuffle_buffer_tokens": 1024}, device="cpu",
     )  # fmt: skip
     ref = train_sae(acts, tmp_path / "ref", cfg, model)
     monkeypatch.setenv(memory.INJECT_OOM_ENV, "train_sae:3")

@@ -160,6 +160,38 @@ def test_skipping_auxk_while_nothing_can_be_dead_changes_nothing(window):
     assert torch.equal(ours.n_forward_passes_since_fired, ref.n_forward_passes_since_fired)
 
 
+class Halves:
+    """memory.OOMBackoff after one out-of-memory error: the step in two halves."""
+
+    def run(self, attempt):
+        return attempt(32)
+
+
+def test_a_step_redone_in_halves_is_the_same_step():
+    """After an out-of-memory error the stack redoes the step over micro-batches: gradients
+    and losses summed (each part's already over the whole batch), firing statistics over every
+    row: TopK's step is the same. (BatchTopK picks and moves its threshold per half, as
+    SAELens's accumulated step does: another step.)"""
+    whole, halves = (stack_trainers(3, n=2)[0].stack for _ in "ab")
+    data = batches(5)
+    for stack, backoff in ((whole, None), (halves, Halves())):
+        for batch in data:
+            stack.submit(0, batch)
+            stack.submit(1, 2 * batch)
+            stack.run(backoff or stack_backoff())
+    for a, b in zip(whole.params, halves.params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert torch.equal(whole.since_fired, halves.since_fired)
+    assert torch.equal(whole.act_freq, halves.act_freq)
+    assert (whole.since_fired > 3).any()  # AuxK was on in the last steps
+
+
+def stack_backoff():
+    from circuitflow.memory import OOMBackoff
+
+    return OOMBackoff(64, "cpu", stage="train_sae")
+
+
 def with_item_put_back(self: Stack):
     """SAELens's AuxK check, `int(dead.sum()) == 0`, put back into the stack."""
     dead = self.since_fired > self.window

@@ -50,8 +50,8 @@ CFG = {
 STANDARD = {**CFG, "architecture": "standard", "target_l0": 8, "l1_coefficient": 0.1}
 # Transcoders (sae.kind transcoder): each member reads its layer's MLP input and output.
 TRANSCODER = {**CFG, "kind": "transcoder"}
-# The gpu trainer: the group's members step as one stack (sae.stacked).
-STACKED = {**CFG, "trainer": "gpu"}
+# The gpu trainer: the group's transcoders step as one stack (sae.stacked).
+STACKED = {**TRANSCODER, "trainer": "gpu"}
 
 
 def members_of(config: dict) -> list[tuple[str, int]]:
@@ -189,15 +189,13 @@ def test_a_group_of_transcoders_reads_each_mlps_input_and_output(tmp_path):
     assert stream["members"] == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
 
 
-@pytest.mark.parametrize("trainer", ["auto", "gpu"])
-def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path, trainer):
+def test_a_group_of_an_sae_and_a_transcoder_trains_each_as_alone(tmp_path):
     """sae.kind both: a layer's residual SAE and its transcoder from one stream are, bit for
     bit, what a one-member job of each kind gives (the SAE reads its hook, the transcoder its
-    MLP's input and output; with the gpu trainer each in a stack of its kind), and each one's
-    metrics name its own kind."""
+    MLP's input and output), and each one's metrics name its own kind."""
     model = tiny_model()
     toks, meta = token_set()
-    small = {**CFG, "total_tokens": 8_192, "trainer": trainer}
+    small = {**CFG, "total_tokens": 8_192}
     members = [("resid_post", 1), ("mlp_out", 1)]
     outs = [tmp_path / "sae", tmp_path / "transcoder"]
     found = train_stream_group(toks, meta, members, outs,
