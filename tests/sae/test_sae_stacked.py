@@ -160,6 +160,22 @@ def test_skipping_auxk_while_nothing_can_be_dead_changes_nothing(window):
     assert torch.equal(ours.n_forward_passes_since_fired, ref.n_forward_passes_since_fired)
 
 
+def test_a_stacked_transcoder_reads_its_input_and_predicts_its_target():
+    """A transcoder's [input | target] rows through a stack member's step (SAELens's step
+    seam): the losses SAELens's transcoder step computes on the same weights and rows."""
+    cfg = SAETrainConfig(k=8, d_sae=D_SAE, batch_size=64, total_tokens=6400, kind="transcoder")
+    tcfg = trainer_config(cfg, SimpleNamespace(n_tokens=10**6), "cpu")
+    ours = perturbed_sae("topk", hook_out=MLP_OUT)
+    ref = copy.deepcopy(ours)
+    (tr,) = build_group(cfg, tcfg, [ours], [None], Choice("gpu", "test", ""))
+    x, dead = batch_and_dead(0, 2 * D_IN)
+    expected = saelens_step(ref, x, dead)
+    got = tr.step(x)
+    for name in ("mse_loss", "auxiliary_reconstruction_loss"):
+        torch.testing.assert_close(got.losses[name], expected.losses[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.sae_out, expected.sae_out, rtol=1e-5, atol=1e-5)
+
+
 class Halves:
     """memory.OOMBackoff after one out-of-memory error: the step in two halves."""
 
