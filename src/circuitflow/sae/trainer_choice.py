@@ -11,9 +11,9 @@ mps) gets SAELens's trainer, the reference. The same repository on the same kind
 therefore always picks the same trainer, and `Choice.why` (metrics.json's `trainer`) says which
 measurement decided. A resumed run keeps the trainer it started with (`resumed`).
 
-A GPU's kind is its name (torch.cuda.get_device_name) where torch is loaded, as in every job; a
-planner, which does not load torch, plans with the newest CUDA result (the job itself plans its
-batch again on its own GPU).
+A GPU's kind is its name (torch.cuda.get_device_name) once the process has initialised CUDA, as
+every job has by the time it trains; a planner, which does not, plans with the newest CUDA
+result (the job plans its batch again on its own GPU).
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ class Choice:
 
 
 def device_kind(device: str) -> tuple[str, str]:
-    """(device type, kind): `cpu`; the GPU's name (e.g. `NVIDIA H200`), or `cuda` where torch
-    is not loaded or sees no GPU (a planner); else the type."""
+    """(device type, kind): `cpu`; the GPU's name (e.g. `NVIDIA H200`) once this process has
+    initialised CUDA (a job, its model loaded), else `cuda` (a planner); else the type."""
     dtype = device.split(":")[0]
     torch = sys.modules.get("torch")
-    if dtype == "cuda" and torch is not None and torch.cuda.is_available():
+    if dtype == "cuda" and torch is not None and torch.cuda.is_initialized():
         return dtype, torch.cuda.get_device_name(torch.device(device))
     return dtype, dtype
 
