@@ -25,6 +25,7 @@ SYNCS = {
     "unique": lambda: idx.unique(),
     "repeat_interleave of a tensor": lambda: torch.arange(3).repeat_interleave(idx + 1),
     "tensor from a list": lambda: torch.tensor([1.0, 2.0]),
+    "boolean assignment of a number": lambda: x.clone().masked_fill(mask, 0).__setitem__(mask, 1),
     "histc without a range": lambda: torch.histc(x),
     "to_sparse": lambda: x.to_sparse(),
     "torch.equal": lambda: torch.equal(x, x),
@@ -40,6 +41,7 @@ FIXED_SHAPES = {
     "repeat_interleave of an int": lambda: torch.arange(3).repeat_interleave(2),
     "nonzero_static": lambda: torch.nonzero_static(mask, size=30),
     "histc with a range": lambda: torch.histc(x, bins=4, min=-3, max=3),
+    "a number as a 0-dim tensor": lambda: x.clone().__setitem__(0, 0.0),
     "backward": lambda: (x.clone().requires_grad_() ** 2).sum().backward(),
 }
 
@@ -64,5 +66,6 @@ def test_reads_of_allowed_host_copies_pass_and_record_mode_counts():
     with NoHostSync(record=True) as mode:
         x.sum().item()
         mask.nonzero()
-    assert [op for op, _ in mode.found] == ["aten._local_scalar_dense.default",
-                                            "aten.nonzero.default"]  # fmt: skip
+    assert [op for op, *_ in mode.found] == ["aten._local_scalar_dense.default",
+                                             "aten.nonzero.default"]  # fmt: skip
+    assert mode.found[1][2].startswith("test_no_sync.py:")  # where: the line that synced

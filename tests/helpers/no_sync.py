@@ -12,11 +12,14 @@ aten._local_scalar_dense), nonzero / argwhere / where(mask), masked_select, uniq
 indexing and assignment, bincount (CUDA reads the maximum back to size its output, whatever
 `minlength`), histc without a range, repeat_interleave with a tensor of repeats and no
 `output_size`, coalescing or converting to a sparse layout, torch.equal, and a tensor built from
-Python data (torch.tensor, as_tensor, new_tensor: on the device a blocking host-to-device copy).
+Python data (torch.tensor, as_tensor, new_tensor: on the device a blocking host-to-device copy;
+a 0-dim one, as `t[mask] = 0` wraps its number, goes to kernels as a scalar and passes).
 
 What it cannot see on CPU: copies between host and device (`.cpu()`, `.to("cuda")`, `.numpy()`,
-`.tolist()` are no ops, or no copies, when everything is on the CPU) and explicit
-`torch.cuda.synchronize()`; `torch.cuda.set_sync_debug_mode("error")` on a GPU catches those.
+`.tolist()` are no ops, or no copies, when everything is on the CPU), explicit
+`torch.cuda.synchronize()`, and which tensors a CUDA run keeps on the host (SAELens's Adam reads
+its step counts, CPU tensors there, with `.item()`: flagged here, no sync there);
+`torch.cuda.set_sync_debug_mode("error")` on a GPU settles those.
 
 `allow_reads_of`: host tensors the code reads on purpose (a lagged copy of a device value,
 filled by a non-blocking copy), whose `.item()` is a read of host memory, not a sync.
@@ -24,7 +27,9 @@ filled by a non-blocking copy), whose `.item()` is a read of host memory, not a 
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,6 +71,8 @@ def _is_mask(t: object) -> bool:
 
 def why_it_syncs(func, args: tuple, kwargs: dict) -> str | None:
     """Why `func(*args, **kwargs)` would synchronise on CUDA, or None."""
+    if func is aten.lift_fresh.default and args[0].dim() == 0:
+        return None
     if func in SYNC_OPS:
         return SYNC_OPS[func]
     if func in MASK_INDEXING and any(_is_mask(i) for i in (args[1] or ())):
@@ -85,15 +92,24 @@ def why_it_syncs(func, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+def _caller() -> str:
+    """The innermost line outside torch and this file that led to the op: `file:line: code`."""
+    skip = (str(Path(torch.__file__).parent), __file__)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(skip):
+            return f"{Path(frame.filename).name}:{frame.lineno}: {frame.line}"
+    return "?"
+
+
 class NoHostSync(TorchDispatchMode):
     """Raise HostSync at the first op that would synchronise on CUDA (`record=True`: collect
-    them in `found` instead, as `(op name, why)`)."""
+    them in `found` instead, as `(op name, why, where)`)."""
 
     def __init__(self, allow_reads_of: Iterable[torch.Tensor] = (), record: bool = False):
         super().__init__()
         self.allowed = {t.untyped_storage().data_ptr() for t in allow_reads_of}
         self.record = record
-        self.found: list[tuple[str, str]] = []
+        self.found: list[tuple[str, str, str]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -102,7 +118,8 @@ class NoHostSync(TorchDispatchMode):
             if args[0].untyped_storage().data_ptr() in self.allowed:
                 why = None
         if why:
+            where = _caller()
             if not self.record:
-                raise HostSync(f"{func} would synchronise with the GPU: {why}")
-            self.found.append((str(func), why))
+                raise HostSync(f"{func} would synchronise with the GPU: {why}, at {where}")
+            self.found.append((str(func), why, where))
         return func(*args, **kwargs)

@@ -156,7 +156,7 @@ def estimate_stream(
     storage_dtype: torch.dtype | str,
     device: str,
     batch_size: int,
-    sparse: bool,
+    trainer: str,
     token_bytes: int = 0,
     hooks_per_sae: int = 1,
 ) -> StreamEstimate:
@@ -165,7 +165,8 @@ def estimate_stream(
     moments, the buffers (`buffer_rows` rows of d_in in `storage_dtype` per hook, and the
     int64 order their rows are drawn in, on the device and as numpy on the host: two orders
     while a buffer is refilled); in a training step one SAE's gradients and its rows' tensors
-    (sae.architectures' `wide_per_row`, or `sparse_wide_per_row` for sae.fast) plus every
+    (sae.architectures' `Architecture.wide` for `trainer`; the gpu trainer steps every SAE
+    of the job at once, so its rows' tensors count `n_saes` times) plus every
     hook's float32 batch and one hook's gathered rows before they are widened; Adam's step
     (SAE_OPTIMISER_COPIES) as its own phase; in a refill, the forward pass's working memory per
     context (memory.estimate_forward, one hook's stored copy included) with the previous step's
@@ -179,9 +180,7 @@ def estimate_stream(
     weights = n_params * c
     params = sae_param_bytes(d, d_sae)
     arch = get(architecture)
-    wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
-    if wide is None:
-        raise ValueError(f"sae.fast cannot train {architecture}")
+    wide = arch.wide(trainer) * (n_saes if trainer == "gpu" else 1)
     order = buffer_rows * 8
     n_hooks = n_saes * hooks_per_sae
     buffer = n_hooks * buffer_rows * d * s + 2 * order
@@ -234,7 +233,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
     return estimate_stream(
         cfg, architectures.n_params(cfg), model_dtype_name(config, device), t, group.depth,
         describe(config).widest(group.members), sae.architecture, len(group.members), rows,
-        config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
+        config["capture"]["dtype"], device, training_batch(config), sae.trainer_on(device),
         token_bytes=4 * n_contexts * t, hooks_per_sae=HOOKS_READ[sae.kind],
     )  # fmt: skip
 
