@@ -289,7 +289,7 @@ def fast_pass(
 
     Everything a batch adds stays on the device or goes to the host in one copy that does not
     block (Kept), so the host never waits for the device inside the loop (a GPU runs ahead
-    until the means are read: tests/attribution/test_no_sync.py)."""
+    until the means are read: tests/attribution/test_attribution_no_sync.py)."""
     method = cfg.method_record
     device = next(sp.model.parameters()).device
     fast, moved = Sums(selection=selection, validation=checked), Sums()
