@@ -100,7 +100,7 @@ RULES = {
     "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
     # the contexts labels are scored on; then one rule per group of layers
     # (features.layers_per_job): features_{group.name}
-    "features_held_out": Rule("cpu", "model", features_plan, imports_embedded="base"),
+    "held_out_tokens": Rule("cpu", "model", features_plan, imports_embedded="base"),
     "features": Rule("gpu", "model", features_plan, resumable=True),
     # features.labeller naming a language model: its prefetch (a localrule: the login node),
     # then one job per group: explain_features_{group.name}

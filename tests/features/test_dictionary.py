@@ -260,3 +260,13 @@ def test_the_export_command_writes_every_dictionary_of_a_run(built, tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert missing.returncode == 2 and "no feature folders" in missing.stderr
+    zero = subprocess.run(
+        [sys.executable, str(script), "--results", str(results), "--features-per-batch", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert zero.returncode == 2
+    assert (
+        zero.stderr.strip()
+        .splitlines()[-1]
+        .endswith("error: argument --features-per-batch: 0 is below 1")
+    )

@@ -15,7 +15,7 @@ HELD_OUT = [
 ]
 
 
-rule features_held_out:
+rule held_out_tokens:
     input:
         model=f"{OUT}/model/model.json",
         json=TOKEN_SET[1],
@@ -24,16 +24,16 @@ rule features_held_out:
         npy=HELD_OUT[0],
         json=HELD_OUT[1],
     log:
-        f"{OUT}/logs/features_held_out.log",
+        f"{OUT}/logs/held_out_tokens.log",
     benchmark:
-        f"{OUT}/benchmarks/features_held_out.tsv"
+        f"{OUT}/benchmarks/held_out_tokens.tsv"
     conda:
         "../../envs/circuitflow.yaml"
     envmodules:
         *job_envmodules(),
-    threads: job_threads("features_held_out")
+    threads: job_threads("held_out_tokens")
     resources:
-        **job_resources("features_held_out"),
+        **job_resources("held_out_tokens"),
     params:
         # Only the held-out size of the features section: another features key reruns nothing.
         cfg=json_param(
@@ -41,7 +41,7 @@ rule features_held_out:
             | {"features": {"held_out_tokens": config["features"]["held_out_tokens"]}}
         ),
     shell:
-        stage("features_held_out")
+        stage("held_out_tokens")
         + " --config {params.cfg} --model-json {input.model} --tokens-json {input.json}"
         " --out-npy {output.npy} --out-json {output.json} 2> {log}"
 

@@ -5,7 +5,7 @@ labels scored on tokens held out from every dictionary and label.
   quantile-sampled contexts; across features the log-density histogram, dead and dense lists);
 - `windows`: the token windows (with per-token activations) of the contexts kept;
 - `logits`: promoted and suppressed output tokens (decoder through the unembedding);
-- `held_out`: the held-out contexts (rule features_held_out) and the examples drawn from them;
+- `held_out`: the held-out contexts (rule held_out_tokens) and the examples drawn from them;
 - `rules`: the rules a label states (token, neighbour, repetition, position), as predicates;
 - `scores`: counting rules over positions, choosing the best one, scoring, the control;
 - `labels`: the labellers (`tokens`, `rules`), their scores' columns and the text shown;

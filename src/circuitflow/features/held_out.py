@@ -1,4 +1,4 @@
-"""The held-out contexts the features' labels are scored on (rule features_held_out):
+"""The held-out contexts the features' labels are scored on (rule held_out_tokens):
 `activations/held_out_tokens.npy` [n, context_length] int32 and `held_out_tokens.json`, in the
 token set's format (capture/tokens.py), `features.held_out_tokens` counted tokens.
 
@@ -30,7 +30,7 @@ from circuitflow.capture.tokens import (
 )
 
 HELD_OUT_STREAM = "features-held-out"
-RULE = "features_held_out"
+RULE = "held_out_tokens"
 
 
 def n_contexts(config: dict, context_length: int) -> int:

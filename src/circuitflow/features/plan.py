@@ -1,4 +1,4 @@
-"""The features stage's plan (rules features_*, and features_held_out before them): which
+"""The features stage's plan (rules features_*, and held_out_tokens before them): which
 dictionaries share a job and its forward pass (`groups`), which contexts of the token set the
 pass reads (`contexts`), the job's peak memory (`estimate`, which the stage sizes its batches
 by) and, for circuitflow.resources (the rule table), its host memory (`job_bytes`) and counted
@@ -43,7 +43,7 @@ from circuitflow.sae.stream_plan import StreamGroup
 from circuitflow.sites import dictionary_sites
 
 RULE = "features"
-HELD_OUT_RULE = "features_held_out"  # the held-out contexts the labels are scored on
+HELD_OUT_RULE = "held_out_tokens"  # the held-out contexts the labels are scored on
 WINDOW_CHUNK = 64  # contexts windows.read_windows reads at a time (its default)
 LOGIT_BLOCK = 1024  # features logits.top_logits reads out at a time (its default)
 # Per firing (token, feature) entry of a batch: nonzero's three int64 indices, the value, the
@@ -241,7 +241,10 @@ def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None =
     # into counts on the device (labels); one member's go to the host as it is written.
     counting = WINDOW_CHUNK * t * firing_per_token(config, d_sae) * BYTES_PER_FIRING
     one = label_counts_bytes(config, d_sae, cfg.d_vocab, t)
-    labels = n * one + position_counts_bytes(cfg.d_vocab, t)
+    # The held-out pass keeps every member's firing entries (position, feature: int64, and the
+    # activation) for the examples, copied to the host once at its end.
+    entries = n * held_out_contexts(config, cfg) * t * firing_per_token(config, d_sae) * 20
+    labels = n * one + position_counts_bytes(cfg.d_vocab, t) + entries
     device_readout = (
         WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3 + counting + labels
     )
@@ -271,14 +274,14 @@ def planned_batch(config: dict) -> int:
 
 # --- the rule table's plan ------------------------------------------------------------------------
 def held_out_contexts(config: dict, model_cfg) -> int:
-    """Contexts of features_held_out's set: `features.held_out_tokens` counted tokens, whole
+    """Contexts of held_out_tokens's set: `features.held_out_tokens` counted tokens, whole
     contexts (features/held_out.py)."""
     _, counted = per_context(config, model_cfg)
     return math.ceil(config["features"]["held_out_tokens"] / counted)
 
 
 def held_out_tokenized(config: dict, model_cfg) -> int:
-    """Tokens features_held_out makes: a text corpus is packed again up to the token set's end
+    """Tokens held_out_tokens makes: a text corpus is packed again up to the token set's end
     before its own contexts; the embedded language draws its own only."""
     t, _ = per_context(config, model_cfg)
     before = token_set_contexts(config, model_cfg) if config["capture"]["corpus"] else 0
@@ -288,7 +291,7 @@ def held_out_tokenized(config: dict, model_cfg) -> int:
 def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> int:
     """Host bytes of a features job's work (`job`: its group's key): on the CPU its whole
     peak (`estimate`), on a GPU the token set's pages and the read-out's tables; a real
-    model's load where that is more. features_held_out: the packed stream and its contexts
+    model's load where that is more. held_out_tokens: the packed stream and its contexts
     (int32, with the tokenizer's int64 ids of a batch of documents: 16 bytes a token)."""
     cfg = architectures.model_cfg(config)
     if rule == HELD_OUT_RULE:
@@ -317,7 +320,7 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     context again, through the deepest layer once for the group, each member's encoder on it:
     `sweep_contexts`), the held-out pass the labels are scored on (`held_out_contexts`, the
     same per context) and each member's logit effects (d_model x vocabulary per feature); the
-    token set read. features_held_out: tokenising (or drawing) its tokens."""
+    token set read. held_out_tokens: tokenising (or drawing) its tokens."""
     cfg = architectures.model_cfg(config)
     if rule == HELD_OUT_RULE:
         return Work({}, other_seconds=held_out_tokenized(config, cfg) / TOKENIZE_TOKENS_PER_S)

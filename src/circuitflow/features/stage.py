@@ -39,7 +39,6 @@ from circuitflow.features.labels import LABELLERS, label_columns, texts, token_r
 from circuitflow.features.logits import top_logits
 from circuitflow.features.rules import KINDS, condition_names, position_keys
 from circuitflow.features.scores import (
-    CANDIDATES,
     AtomCounts,
     PositionCounts,
     Slots,
@@ -47,6 +46,7 @@ from circuitflow.features.scores import (
     control_order,
     score,
 )
+from circuitflow.features.state import CANDIDATES
 from circuitflow.features.windows import read_windows_many
 from circuitflow.io import atomic_path, sha256_file
 from circuitflow.perf import PassCounter
@@ -235,8 +235,8 @@ def count_positions(members: list[Member], cache, ids: torch.Tensor, counts: lis
         acts = encode(m.sae, cache[m.hook])[:, first:]
         acts = acts.reshape(-1, acts.shape[-1])
         pos, feat = c.update(keys, cells, acts)
-        if entries is not None:
-            entries[i].append(tuple(x.cpu().numpy() for x in (pos + offset, feat, acts[pos, feat])))
+        if entries is not None:  # kept on the device: one copy to the host at the end
+            entries[i].append((pos + offset, feat, acts[pos, feat]))
 
 
 def score_pass(model, members: list[Member], held: np.ndarray, batch: int, first: int,
@@ -263,7 +263,7 @@ def score_pass(model, members: list[Member], held: np.ndarray, batch: int, first
     done = 0
     while done < len(held):
         done = backoff.run(lambda bs, a=done: run(a, min(a + bs, len(held))))
-    return [tuple(np.concatenate(part) for part in zip(*e, strict=True)) if e else
+    return [tuple(torch.cat(part).cpu().numpy() for part in zip(*e, strict=True)) if e else
             (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
             for e in entries]  # fmt: skip
 
@@ -349,8 +349,10 @@ def read_out(model, members: list[Member], tokens, rows, vocab, opts, first, met
         scored = {name: score(r, scoring[i]) for name, r in by_name.items()}
         label_cols, labels_summary = label_columns(
             LABELLERS,
-            {n: texts(by_name[n], vocab, conditions, top_promoted, by_name["tokens"])
-             for n in LABELLERS},  # fmt: skip
+            {
+                n: texts(by_name[n], vocab, conditions, top_promoted, by_name["tokens"])
+                for n in LABELLERS
+            },  # fmt: skip
             {n: scored[n] for n in LABELLERS},
             {n: scored[f"{n}:control"] for n in LABELLERS},
             live,

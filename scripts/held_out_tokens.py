@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The held-out contexts the features' labels are scored on (rule features_held_out):
+"""The held-out contexts the features' labels are scored on (rule held_out_tokens):
 features.held_out_tokens tokens no dictionary was trained or evaluated on, after the run's
 token set (the embedded language: a random stream of their own; a corpus: the contexts packed
 after the token set's), written as activations/held_out_tokens.npy and .json.
