@@ -10,7 +10,7 @@ folder appears complete or not at all).
 - `dead`, `dense`: never fired; density above `dense_threshold`;
 - `label`, `labeller`: the label shown and the labeller that wrote it (labels.py);
 - `label_precision`, `label_recall`, `label_f1`: how well its rule predicts where the feature
-  fires on the held-out tokens (NaN where unscored);
+  fires on the held-out tokens (0 where there is nothing to divide; NaN where unscored);
 - `label_tp`, `label_fp`, `label_fn`: the held-out counts behind them;
 - `label_control_f1`: the F1 of another live feature's label of that labeller (the control);
 - `label_tokens`, `label_tokens_f1`, `label_rules`, `label_rules_f1`: each deterministic
