@@ -367,16 +367,24 @@ def prompt_graph_notes(config: dict, n_layers: int, user_set: bool) -> list[str]
     ]
 
 
-def check_cross_fields(config: dict) -> None:
+def check_cross_fields(config: dict, notes: list[str] | None = None) -> None:
     """Values that are each valid alone but cannot work together, refused before any job runs
     (each would otherwise fail inside a job, minutes or hours in): each stage's own checks, in
-    its config module (`sae.config.check`, `capture.config.check`)."""
+    its config module (`sae.config.check`, `capture.config.check`, `features.config.check`);
+    `notes` gets a line for what a stage will do instead of what a value asks."""
     from circuitflow.capture import config as capture_config
+    from circuitflow.capture.plan import context_length, token_set_contexts
+    from circuitflow.features import config as features_config
+    from circuitflow.model import architectures
     from circuitflow.sae import config as sae_config
 
     dims = model_dims(config)
     sae_config.check(config, dims)
     capture_config.check(config, dims)
+    cfg = architectures.model_cfg(config)
+    counted = context_length(config, cfg) - int(bool(config["capture"]["exclude_bos"]))
+    features_config.check(config, token_set_contexts(config, cfg) * counted,
+                          notes if notes is not None else [])  # fmt: skip
 
 
 def resolve(
@@ -405,7 +413,7 @@ def resolve(
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir).absolute(), config_files, overrides, notes)
-    check_cross_fields(config)
+    check_cross_fields(config, notes)
     if notes is not None:
         # Who set prompt_graphs: the config files and --config, or a config given as it is.
         given = [raw] if not config_files else [overrides, *_read_all(config_files)]
