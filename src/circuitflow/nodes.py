@@ -31,18 +31,32 @@ EMBED_HOOK = "hook_embed"
 KINDS = ("embedding", "head", "mlp", "feature", "error")
 
 
-def hook_name(site: str, layer: int) -> str:
-    """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}, and for mlp_in
-    blocks.{layer}.ln2.hook_normalized."""
+def hook_name(site: str, layer: int, model_cfg=None) -> str:
+    """TransformerLens's hook of `site` at `layer` in a model of config `model_cfg` (anything
+    with `normalization_type`; None: a model with normalisation): blocks.{layer}.hook_{site},
+    and for mlp_in the tensor the MLP reads, blocks.{layer}.ln2.hook_normalized, or in a model
+    without normalisation (`normalization_type` None) the residual stream before the MLP,
+    blocks.{layer}.hook_resid_mid (its ln2 is an identity without hooks)."""
     if site not in SITES:
         raise ValueError(f"sites: {site!r} is not allowed; allowed values: {', '.join(SITES)}")
+    if site == "mlp_in" and model_cfg is not None and model_cfg.normalization_type is None:
+        return f"blocks.{int(layer)}.hook_resid_mid"
     if site == "mlp_in":
         return f"blocks.{int(layer)}.{_MLP_IN}"
     return f"blocks.{int(layer)}.hook_{site}"
 
 
+def hook_names(site: str, layer: int) -> tuple[str, ...]:
+    """Every hook `site` at `layer` is at in some model (hook_name's answers), for a file that
+    records its hook without its model: mlp_in is two, the rest one."""
+    if site == "mlp_in":
+        return (f"blocks.{int(layer)}.{_MLP_IN}", f"blocks.{int(layer)}.hook_resid_mid")
+    return (hook_name(site, layer),)
+
+
 def site_layer(hook: str) -> tuple[str, int]:
-    """(site, layer) of a hook_name: the inverse of hook_name."""
+    """(site, layer) of a hook_name: the inverse of hook_name (the mlp_in of a model without
+    normalisation, its resid_mid hook, reads as resid_mid: the same tensor)."""
     if m := re.fullmatch(rf"blocks\.(\d+)\.{re.escape(_MLP_IN)}", hook):
         return "mlp_in", int(m[1])
     m = re.fullmatch(r"blocks\.(\d+)\.hook_(\w+)", hook)
@@ -180,10 +194,12 @@ def head_nodes(n_layers: int, n_heads: int) -> list[Node]:
     return [Node("head", layer, h) for layer in range(n_layers) for h in range(n_heads)]
 
 
-def component_nodes(n_layers: int, n_heads: int) -> list[Node]:
-    """Embedding, every head and every MLP, in forward order."""
+def component_nodes(n_layers: int, n_heads: int, mlps: bool = True) -> list[Node]:
+    """Embedding, every head and every MLP (none where not `mlps`: an attention-only model),
+    in forward order."""
     nodes = [Node("embedding")]
     for layer in range(n_layers):
         nodes += [Node("head", layer, h) for h in range(n_heads)]
-        nodes.append(Node("mlp", layer))
+        if mlps:
+            nodes.append(Node("mlp", layer))
     return nodes

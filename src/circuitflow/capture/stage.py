@@ -170,7 +170,8 @@ def capture_units(
 
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
-    by_hook = {f.hook: f for f in files}
+    # Sites may share a hook: mlp_in is resid_mid in a model without normalisation.
+    hooks = sorted({f.hook for f in files})
     captured: dict[str, np.ndarray] = {}
     store = getattr(torch, dtype)
 
@@ -192,8 +193,8 @@ def capture_units(
         if counter is not None:
             counter.forward(b - a, p.stop_at / model.cfg.n_layers)
         r0, r1 = (a - p.start) * p.per_context, (b - p.start) * p.per_context
-        for name, f in by_hook.items():
-            f.file["acts"][r0:r1] = captured[name].reshape(-1, d_model)
+        for f in files:
+            f.file["acts"][r0:r1] = captured[f.hook].reshape(-1, d_model)
         return b - a
 
     def interrupted() -> Interrupted:
@@ -208,7 +209,7 @@ def capture_units(
         mininterval=1 if os.isatty(2) else 10,
         desc="capture",
     )
-    with sigterm_flag() as stop, model.hooks(fwd_hooks=[(h, grab) for h in by_hook]), bar:
+    with sigterm_flag() as stop, model.hooks(fwd_hooks=[(h, grab) for h in hooks]), bar:
         pos = p.start + done
         while pos < p.stop:
             unit_stop = min(p.stop, p.start + ((pos - p.start) // p.unit + 1) * p.unit)
@@ -328,7 +329,8 @@ def capture(
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
     files = [
-        PartialFile(site, layer, path, d_model) for (site, layer), path in sorted(targets.items())
+        PartialFile(site, layer, path, d_model, model.cfg)
+        for (site, layer), path in sorted(targets.items())
     ]
     p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
     done, saved_batch = open_partials(p, files, opts.dtype)

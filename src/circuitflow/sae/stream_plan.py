@@ -53,18 +53,18 @@ class StreamGroup:
     def hooks(self) -> list[str]:
         return [hook_name(site, layer) for site, layer in self.members]
 
-    def transcoder_pairs(self) -> dict[str, tuple[str, str]]:
+    def transcoder_pairs(self, model_cfg=None) -> dict[str, tuple[str, str]]:
         """Each member that is a transcoder (an MLP output, sae.kind transcoder or both) by
-        hook: (MLP input, its hook)."""
-        return {hook_name(s, layer): (hook_name("mlp_in", layer), hook_name(s, layer))
+        hook: (MLP input in the model of config `model_cfg`, its hook)."""
+        return {hook_name(s, layer): (hook_name("mlp_in", layer, model_cfg), hook_name(s, layer))
                 for s, layer in self.members if s == "mlp_out"}  # fmt: skip
 
-    def read_hooks(self, kind: str) -> list[str]:
+    def read_hooks(self, kind: str, model_cfg=None) -> list[str]:
         """The hooks its forward passes capture: each member's, and for transcoders
         (`sae.kind` transcoder or both) each transcoder's MLP input before its output."""
         if kind == "sae":
             return self.hooks
-        pairs = self.transcoder_pairs()
+        pairs = self.transcoder_pairs(model_cfg)
         return [h for hook in self.hooks for h in pairs.get(hook, (hook,))]
 
     @property

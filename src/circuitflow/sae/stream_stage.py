@@ -285,14 +285,14 @@ def train(
     if state:
         counter.parts = dict(state["forward_equivalents"])
     stream = ModelActivationStream(
-        model, src.tokens, group.read_hooks(cfg.kind), p.layout, p.batch_size, p.batch_contexts,
-        group.depth,
+        model, src.tokens, group.read_hooks(cfg.kind, model.cfg), p.layout, p.batch_size,
+        p.batch_contexts, group.depth,
         skip=src.skip, dtype=src.dtype, position=state["data_position"] if state else 0,
         counter=counter,
     )  # fmt: skip
     trainers: dict[str, ControlledSAETrainer] = {}
     controllers: dict[str, SparsityController | None] = {}
-    pairs = group.transcoder_pairs() if cfg.kind != "sae" else {}
+    pairs = group.transcoder_pairs(model.cfg) if cfg.kind != "sae" else {}
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
         hook_in, hook_out = pairs.get(hook, (hook, ""))

@@ -157,7 +157,7 @@ class CleanRun:
 
 def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> CleanRun:
     n_layers = model.cfg.n_layers
-    ins = {hook_name("mlp_in", layer): layer for layer in range(n_layers)}
+    ins = {hook_name("mlp_in", layer, model.cfg): layer for layer in range(n_layers)}
     outs = {mlp_hook(layer): layer for layer in range(n_layers)}
 
     def wanted(name: str) -> bool:
@@ -312,7 +312,7 @@ class FrozenModel:
                     fn = only_head(layer, at.to(device), through[at, 1].to(device))
                     hooks.append((hook_name("resid_mid", layer), fn))
             hooks.append((mlp_hook(layer), put_mlp(layer)))
-            hooks.append((hook_name("mlp_in", layer), keep(read, layer)))
+            hooks.append((hook_name("mlp_in", layer, self.model.cfg), keep(read, layer)))
         toks = self.tokens[None].expand(batch, -1)
         logits = self.model.run_with_hooks(toks, fwd_hooks=hooks)
         return logits, read, zs
