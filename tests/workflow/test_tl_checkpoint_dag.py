@@ -65,7 +65,9 @@ def run_shape(shape: str, ckpt, workdir) -> dict:
     targets = [results / "interventions" / "previous" / "summary.json"]
     if shape == "no_ln":
         targets.append(results / "attribution" / "previous" / "prompt_graphs")
-    done = run_snakemake(config, workdir, *map(str, targets))
+    # One core: the jobs run one after another anyway, and one thread each spins no OpenMP
+    # threads on cores the suite's other workers need.
+    done = run_snakemake(config, workdir, "--cores", "1", *map(str, targets))
     (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
     return {"results": results, "ckpt": ckpt, "model": tl.build(shape)}
 

@@ -169,12 +169,12 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
 
     Runs on the login node (internet); stage jobs then load with the hub offline.
     """
+    local = Path(name)
+    if checkpoint.is_checkpoint(local):
+        return describe_checkpoint(local, name)
     _apply_hf_home(hf_cache)
     from transformer_lens import loading_from_pretrained as loading
 
-    local = Path(name)
-    if local.exists() and checkpoint.is_checkpoint(local):
-        return describe_checkpoint(local, name)
     if local.exists():
         if not (local / "config.json").is_file():
             raise ConfigError(checkpoint.neither_kind(local))
