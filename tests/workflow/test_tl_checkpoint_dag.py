@@ -75,13 +75,19 @@ def run_shape(shape: str, ckpt, workdir) -> dict:
 @pytest.fixture(scope="module")
 def runs(tl_checkpoints, tmp_path_factory):
     """shape -> its run (results, checkpoint, the model built again), each run once, when a
-    test first asks for it."""
-    done: dict[str, dict] = {}
+    test first asks for it; a run that failed fails its other tests at once, with its error."""
+    done: dict[str, dict | BaseException] = {}
     root = tmp_path_factory.mktemp("tl-checkpoint-runs")
 
     def get(shape: str) -> dict:
         if shape not in done:
-            done[shape] = run_shape(shape, tl_checkpoints[shape], root / shape)
+            try:
+                done[shape] = run_shape(shape, tl_checkpoints[shape], root / shape)
+            except Exception as err:
+                done[shape] = err
+                raise
+        if isinstance(done[shape], BaseException):
+            pytest.fail(f"the {shape} run failed: {done[shape]}"[:5000])
         return done[shape]
 
     return get
