@@ -80,17 +80,18 @@ def test_without_normalisation_mlp_in_is_what_the_mlp_receives():
     model = tl.build("no_ln")
     seen = {}
     handle = model.blocks[0].mlp.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
-    hook = hook_name("mlp_in", 0, model.cfg)
+    hook = hook_name("mlp_in", 0, model.cfg.normalization_type)
     try:
         _, cache = model.run_with_cache(torch.tensor([[0, 4, 8, 15, 16, 21]]), names_filter=hook)
     finally:
         handle.remove()
     assert hook == "blocks.0.hook_resid_mid"
     torch.testing.assert_close(cache[hook], seen["x"], rtol=0, atol=0)
-    pairs = StreamGroup((("mlp_out", 0),)).transcoder_pairs(model.cfg)
+    pairs = StreamGroup((("mlp_out", 0),)).transcoder_pairs(model.cfg.normalization_type)
     assert pairs == {"blocks.0.hook_mlp_out": ("blocks.0.hook_resid_mid", "blocks.0.hook_mlp_out")}
     with_norms = tl.build("ln")  # the embedded default's hook, which its run checks
-    assert hook_name("mlp_in", 0, with_norms.cfg) == "blocks.0.ln2.hook_normalized"
+    ln2 = hook_name("mlp_in", 0, with_norms.cfg.normalization_type)
+    assert ln2 == "blocks.0.ln2.hook_normalized"
     assert "blocks.0.ln2.hook_normalized" in with_norms.hook_dict
     assert "blocks.0.ln2.hook_normalized" not in model.hook_dict
 

@@ -125,7 +125,7 @@ def test_the_transcoder_reads_what_the_mlp_receives(runs):
     """Without LayerNorm the MLP reads the residual stream as it is: hook_resid_mid."""
     run = runs("no_ln")
     cfg = json.loads((run["results"] / "saes" / "mlp_out" / "layer_0" / "cfg.json").read_text())
-    assert hook_name("mlp_in", 0, run["model"].cfg) == "blocks.0.hook_resid_mid"
+    assert hook_name("mlp_in", 0, run["model"].cfg.normalization_type) == "blocks.0.hook_resid_mid"
     assert cfg["metadata"]["hook_name"] == "blocks.0.hook_resid_mid"
     assert cfg["metadata"]["hook_name_out"] == "blocks.0.hook_mlp_out"
 

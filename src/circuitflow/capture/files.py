@@ -74,9 +74,9 @@ def _create_preallocated(f: h5py.File, name: str, shape, dtype, chunks) -> None:
 class PartialFile:
     """One (site, layer) output and its partial file, written in place as capture proceeds."""
 
-    def __init__(self, site: str, layer: int, path: Path, d_in: int, model_cfg=None):
+    def __init__(self, site: str, layer: int, path: Path, d_in: int, normalization="LN"):
         self.site, self.layer, self.path, self.d_in = site, layer, Path(path), d_in
-        self.hook = hook_name(site, layer, model_cfg)  # the model's own (mlp_in differs)
+        self.hook = hook_name(site, layer, normalization)  # the model's own (mlp_in differs)
         self.partial = partial_path(self.path)
         self.file: h5py.File | None = None
 

@@ -329,7 +329,7 @@ def capture(
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
     files = [
-        PartialFile(site, layer, path, d_model, model.cfg)
+        PartialFile(site, layer, path, d_model, model.cfg.normalization_type)
         for (site, layer), path in sorted(targets.items())
     ]
     p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
