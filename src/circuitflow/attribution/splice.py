@@ -47,12 +47,17 @@ class HookGroup:
         return self.name.removesuffix(".sae")
 
 
-def build_groups(n_layers: int, sae_keys: list[tuple[str, int]]) -> list[HookGroup]:
+def build_groups(
+    n_layers: int, sae_keys: list[tuple[str, int]], mlps: bool = True
+) -> list[HookGroup]:
+    """The embedding, each layer's heads and (`mlps`: not an attention-only model) MLP, and
+    the SAEs at `sae_keys` (site, layer), in forward order."""
     embed = Node("embedding")
     groups = [HookGroup(EMBED_HOOK, "embedding", -1, embed.order)]
     for layer in range(n_layers):
         groups.append(HookGroup(head_hook(layer), "attn", layer, Node("head", layer, 0).order))
-        groups.append(HookGroup(mlp_hook(layer), "mlp", layer, Node("mlp", layer).order))
+        if mlps:
+            groups.append(HookGroup(mlp_hook(layer), "mlp", layer, Node("mlp", layer).order))
     for site, layer in sae_keys:
         # An SAE sits on the hook it reads; resid_pre of layer l comes before layer l's heads.
         order = Node("error", layer, -1, site).order
@@ -204,7 +209,8 @@ class Spliced:
     @classmethod
     def of(cls, model, saes: dict[str, Any], bypass_bos: bool = False) -> Spliced:
         keys = sorted((site_layer(h) for h in saes), key=lambda k: (k[1], k[0]))
-        return cls(model, saes, build_groups(model.cfg.n_layers, keys), bypass_bos)
+        groups = build_groups(model.cfg.n_layers, keys, mlps=not model.cfg.attn_only)
+        return cls(model, saes, groups, bypass_bos)
 
     def run(self, tokens: torch.Tensor, patches=None, leaves=None) -> Run:
         self.counter.forward(len(tokens))

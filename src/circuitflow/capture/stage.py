@@ -173,13 +173,19 @@ def capture_units(
 
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
-    index = {f.hook: i for i, f in enumerate(files)}
+    # Sites may share a hook (mlp_in is resid_mid in a model without normalisation): a hook
+    # fills the slot rows of every file it feeds.
+    index: dict[str, list[int]] = {}
+    for i, f in enumerate(files):
+        index.setdefault(f.hook, []).append(i)
     store = getattr(torch, dtype)
     rows = min(backoff.batch_size, p.unit) * p.per_context
     filling: list[Slot] = []  # the slot the running forward's hooks fill
 
     def grab(act, hook):
-        filling[0].take(index[hook.name], act[:, p.skip :].to(store))
+        stored = act[:, p.skip :].to(store)
+        for i in index[hook.name]:
+            filling[0].take(i, stored)
 
     def run_batch(a: int, b: int) -> int:
         filling[:] = [writer.slot()]
@@ -209,7 +215,7 @@ def capture_units(
         mininterval=1 if os.isatty(2) else 10,
         desc="capture",
     )
-    hooks = [(f.hook, grab) for f in files]
+    hooks = [(h, grab) for h in index]
     with (
         sigterm_flag() as stop,
         model.hooks(fwd_hooks=hooks),
@@ -336,7 +342,8 @@ def capture(
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
     files = [
-        PartialFile(site, layer, path, d_model) for (site, layer), path in sorted(targets.items())
+        PartialFile(site, layer, path, d_model, model.cfg.normalization_type)
+        for (site, layer), path in sorted(targets.items())
     ]
     p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
     done, saved_batch = open_partials(p, files, opts.dtype)

@@ -27,7 +27,7 @@ from circuitflow.memory import (
 )
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
-from circuitflow.nodes import hook_name
+from circuitflow.nodes import hook_name, mlp_hook
 from circuitflow.perf import Work
 from circuitflow.perf import sae_training_flops_per_token as sae_flops
 from circuitflow.sae.plan import (
@@ -53,18 +53,18 @@ class StreamGroup:
     def hooks(self) -> list[str]:
         return [hook_name(site, layer) for site, layer in self.members]
 
-    def transcoder_pairs(self) -> dict[str, tuple[str, str]]:
+    def transcoder_pairs(self, normalization="LN") -> dict[str, tuple[str, str]]:
         """Each member that is a transcoder (an MLP output, sae.kind transcoder or both) by
-        hook: (MLP input, its hook)."""
-        return {hook_name(s, layer): (hook_name("mlp_in", layer), hook_name(s, layer))
+        hook: (MLP input on a model whose norms are `normalization`, its hook)."""
+        return {mlp_hook(layer): (hook_name("mlp_in", layer, normalization), mlp_hook(layer))
                 for s, layer in self.members if s == "mlp_out"}  # fmt: skip
 
-    def read_hooks(self, kind: str) -> list[str]:
+    def read_hooks(self, kind: str, normalization="LN") -> list[str]:
         """The hooks its forward passes capture: each member's, and for transcoders
         (`sae.kind` transcoder or both) each transcoder's MLP input before its output."""
         if kind == "sae":
             return self.hooks
-        pairs = self.transcoder_pairs()
+        pairs = self.transcoder_pairs(normalization)
         return [h for hook in self.hooks for h in pairs.get(hook, (hook,))]
 
     @property

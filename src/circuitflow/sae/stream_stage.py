@@ -295,17 +295,18 @@ def train(
     cfg = dataclasses.replace(cfg, batch_size=p.batch_size)
     trainer_cfg = trainer_config(cfg, src, device)
     coefficient = architectures.get(cfg.architecture).controlled_coefficient
+    norms = model.cfg.normalization_type  # where a transcoder's input, site mlp_in, is
     counter = PassCounter()
     if state:
         counter.parts = dict(state["forward_equivalents"])
     stream = ModelActivationStream(
-        model, src.tokens, group.read_hooks(cfg.kind), p.layout, p.batch_size, p.batch_contexts,
-        group.depth,
+        model, src.tokens, group.read_hooks(cfg.kind, norms), p.layout, p.batch_size,
+        p.batch_contexts, group.depth,
         skip=src.skip, dtype=src.dtype, position=state["data_position"] if state else 0,
         counter=counter,
     )  # fmt: skip
     controllers: dict[str, SparsityController | None] = {}
-    pairs = group.transcoder_pairs() if cfg.kind != "sae" else {}
+    pairs = group.transcoder_pairs(norms) if cfg.kind != "sae" else {}
     saes = []
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
