@@ -110,15 +110,21 @@ def test_sae_estimate_counts_optimiser_state_and_batch():
     # On CPU the shuffle buffer lives in the same memory.
     cpu = sae_plan.estimate_sae_training(768, 24576, "topk", "cpu", 1 << 22, 1 << 18)
     assert cpu.total(4096) > est.total(4096)
-    # The sparse trainer (sae.fast) holds a few d_sae-wide tensors per row, not eleven.
+    # The sparse trainer (sae.fast) holds a few d_sae-wide tensors per row, not eleven; the
+    # gpu trainer (sae.stacked) fewer still.
     sparse = sae_plan.estimate_sae_training(
-        768, 24576, "topk", "cuda", 1 << 22, 1 << 18, sparse=True
+        768, 24576, "topk", "cuda", 1 << 22, 1 << 18, trainer="fast"
     )
     assert sparse.per_item() == int((3.1 * 24576 + 8 * 768) * 4)
-    with pytest.raises(ValueError, match="sae.fast cannot train standard"):
-        sae_plan.estimate_sae_training(
-            768, 24576, "standard", "cuda", 1 << 22, 1 << 18, sparse=True
-        )
+    gpu = sae_plan.estimate_sae_training(
+        768, 24576, "topk", "cuda", 1 << 22, 1 << 18, trainer="gpu"
+    )
+    assert gpu.per_item() == int((2.4 * 24576 + 8 * 768) * 4)
+    for trainer in ("fast", "gpu"):
+        with pytest.raises(ValueError, match=f"sae.trainer {trainer} cannot train this"):
+            sae_plan.estimate_sae_training(
+                768, 24576, "standard", "cuda", 1 << 22, 1 << 18, trainer=trainer
+            )
 
 
 def test_attribution_estimate_integrated_gradients_holds_what_atp_holds():

@@ -87,7 +87,7 @@ def source_rules() -> dict[str, Rule]:
 RULES = {
     "train_model": Rule("cpu", "model", model_plan),
     "prefetch_model": Rule("cpu", "model", model_plan),  # a localrule: the login node
-    "prompts": Rule("cpu", "model", imports_embedded="report"),  # a real model's tokenizer
+    "prompts": Rule("cpu", "model", imports_embedded="tokenizer"),  # a real model's tokenizer
     "baseline": Rule("gpu", "model", baseline_plan),
     "provenance": Rule("cpu", "base"),
     "capture_tokens": Rule("cpu", "model", capture_plan, imports_embedded="base"),
@@ -100,7 +100,7 @@ RULES = {
     "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
     # the contexts labels are scored on; then one rule per group of layers
     # (features.layers_per_job): features_{group.name}
-    "held_out_tokens": Rule("cpu", "model", features_plan, imports_embedded="base"),
+    "held_out_tokens": Rule("cpu", "model", features_plan, imports_embedded="arrays"),
     "features": Rule("gpu", "model", features_plan, resumable=True),
     # features.labeller naming a language model: its prefetch (a localrule: the login node),
     # then one job per group: explain_features_{group.name}

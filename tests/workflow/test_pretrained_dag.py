@@ -68,6 +68,8 @@ def test_the_dag_uses_the_dictionaries_instead_of_capture_and_training(local_run
     for rule in ("rule capture:", "rule train_sae:", "prefetch_saes"):
         assert rule not in jobs, rule
     assert sorted(p.name for p in (results / "activations").iterdir()) == [
+        "held_out_tokens.json",
+        "held_out_tokens.npy",
         "tokens.json",
         "tokens.npy",
     ]  # the token set only: no activation file

@@ -36,6 +36,8 @@ def test_one_job_trains_both_layers_without_activation_files(stream_run):
     results = workdir / "results"
     assert not list(results.rglob("*.h5")) and not list(results.rglob("*.h5.partial"))
     assert sorted(p.name for p in (results / "activations").iterdir()) == [
+        "held_out_tokens.json",
+        "held_out_tokens.npy",
         "tokens.json",
         "tokens.npy",
     ]

@@ -32,6 +32,7 @@ SMALL = {
     "sae": {"d_sae": 64, "k": 4, "total_tokens": 4096, "eval_contexts": 8},
     "attribution": {"ig_steps": 4, "validation_features": 8, "prompt_graphs": 2},
     "interventions": {"n_seeds": 2, "n_random_circuits": 3, "n_random_sets": 3},
+    "features": {"held_out_tokens": 1024},  # the test corpus holds about 17,000 tokens
 }
 # Each shape's own settings. The dictionaries stream from the model, one job for all of a
 # run's (capture is generic; tests/capture checks the hook two sites share without norms).

@@ -6,7 +6,11 @@ Every stage script imports circuitflow.config (yaml) and torch (numpy): `base`, 
 because circuitflow.config no longer imports it (planning stays light); the report and
 provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages add
 TransformerLens and SAELens (transformers, datasets, h5py): `model`; a job that imports
-circuitflow.config and the standard library alone (provenance_run): `config`. Measured as the
+circuitflow.config and the standard library alone (provenance_run): `config`; the embedded
+model's token sets without torch (held_out_tokens): `arrays`; its prompts, which read its
+tokenizer with transformers but need no torch: `tokenizer` (39 and 165 MiB: measured 32 and 135
+on aged files here, scaled by `base`'s fresh/aged ratio, then checked on CI's fresh install, which
+measured those jobs' whole peaks at 44 and 194 MiB). Measured as the
 resident set after importing RUNTIME_MODULES in a fresh interpreter (`python
 scripts/runtime_memory.py` re-measures; tests/test_memory_accuracy.py checks these against it),
 torch 2.13 CPU wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20%
@@ -20,12 +24,16 @@ from circuitflow.memory.probes import MiB
 
 RUNTIME_MODULES = {
     "config": ("circuitflow.config",),
+    "arrays": ("circuitflow.config", "numpy", "circuitflow.io"),  # token sets without torch
+    "tokenizer": ("circuitflow.config", "pandas", "pyarrow.parquet",
+                  "transformers.tokenization_utils_fast"),  # the embedded model's prompts
     "base": ("circuitflow.config", "torch"),
     "report": ("circuitflow.config", "torch", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
-RUNTIME_MB = {"config": 16, "base": 272, "report": 403, "model": 625}
+RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 165, "base": 272, "report": 403,
+              "model": 625}  # fmt: skip
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.

@@ -24,7 +24,6 @@ from typing import Any
 
 from circuitflow import inputs
 from circuitflow.errors import ConfigError, InputError
-from circuitflow.io import sha256_files
 
 KIND = "tl_checkpoint"
 CONFIG = "tl_config.json"
@@ -129,6 +128,10 @@ def inputs_of(name: str) -> list[str]:
 
 def fingerprint(model_dir: Path | str) -> str:
     """One SHA-256 over the config, the weights and the tokenizer: what defines the model."""
+    # Imported here: circuitflow.config imports this module, and the planner's lightest jobs
+    # (RUNTIME_MB["config"]) should not pay for io's hashlib and tempfile.
+    from circuitflow.io import sha256_files
+
     return sha256_files(files(model_dir))
 
 
