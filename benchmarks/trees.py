@@ -53,7 +53,10 @@ def trees(ref: str, into: Path, data: dict) -> list[tuple[str, Path]]:
 def run_worker(script: str, src: Path, args: list[str]) -> dict:
     """The last line of `script --worker ARGS` run on code tree `src`, as JSON."""
     cmd = [sys.executable, script, "--worker", *args]
-    env = {**os.environ, "PYTHONPATH": str(src), "TQDM_DISABLE": "1"}
+    # `src` first; the rest of PYTHONPATH stays (on a machine without network, the folder
+    # device_wheels.py installed the libraries into).
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "TQDM_DISABLE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{script} on {src} failed:\n{done.stderr[-3000:]}")
