@@ -14,6 +14,7 @@ TEST_WORKERS ?= 4
 # make bench-gpu: the measurement's options, and where the wheels go on a machine without network.
 MEASURE ?= --device cuda
 SITE ?= /tmp/circuitflow-site
+ARCHIVE ?=
 MEASURE_ARCHIVE = $(if $(ARCHIVE),--archive $(ARCHIVE))
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
@@ -47,6 +48,7 @@ test: install
 # FILE). Where .whl/ exists and PyPI does not answer (a lent GPU machine, docs/csd3.md), the
 # wheels benchmarks/device_wheels.py fetched go into $(SITE) for the machine's own $(PYTHON) and
 # its torch; elsewhere the venv. `--device cpu` is its smoke test (tests/test_measure.py).
+# `make install`, not $(MAKE): make -n runs a line naming $(MAKE), and this one measures.
 bench-gpu:
 	@if [ -d .whl ] && ! $(PYTHON) benchmarks/device_wheels.py online; then \
 		echo "bench-gpu: no network: the wheels in .whl/ into $(SITE)"; \
@@ -55,7 +57,7 @@ bench-gpu:
 			|| echo "bench-gpu: measuring anyway; the steps report what fails"; \
 		PYTHONPATH="$(SITE)" $(PYTHON) benchmarks/measure.py $(MEASURE) $(MEASURE_ARCHIVE); \
 	else \
-		$(MAKE) install && $(ACTIVATE) python benchmarks/measure.py $(MEASURE) $(MEASURE_ARCHIVE); \
+		make install && $(ACTIVATE) python benchmarks/measure.py $(MEASURE) $(MEASURE_ARCHIVE); \
 	fi
 
 # lint-imports checks the floors (pyproject.toml) of this checkout's src/, whatever the venv has
