@@ -37,8 +37,11 @@ of the dtype the step computes in (bf16 under autocast; float32, TF32 where enab
 on a matmul of the step's shape ([batch, d_in] x [d_in, d_sae]). The gpu step's own count
 (`gpu_step_flops_per_token`: 10 d_in d_sae, 16 with AuxK) gives its share of that peak.
 
-`--profile-steps N`: N steady-state steps of each of our trainers under torch.profiler: kernels
-launched (CUDA) or aten ops run (CPU) per step, FLOPs per step, and the top ops by time.
+`--profile-steps N`: N steady-state steps of each trainer run (sparsify's too) under
+torch.profiler: kernels launched (CUDA) or aten ops run (CPU) per step, FLOPs and ms per step,
+and the top ops by time (`profile` in the JSON). `--sync-check-steps N`: N steady-state steps of
+the gpu trainer under torch.cuda.set_sync_debug_mode("error") (on a CPU, tests/helpers/no_sync.py),
+`sync_check.passed` in the JSON.
 """
 
 from __future__ import annotations
