@@ -11,6 +11,11 @@ CORES ?= all
 # to a worker only when its queue is almost empty), the other two take the rest, and whole-DAG
 # runs and the local Slurm cluster leave cores idle while they wait.
 TEST_WORKERS ?= 4
+# make bench-gpu: the measurement's options, and where the wheels go on a machine without network.
+MEASURE ?= --device cuda
+SITE ?= /tmp/circuitflow-site
+ARCHIVE ?=
+MEASURE_ARCHIVE = $(if $(ARCHIVE),--archive $(ARCHIVE))
 BIN := $(VENV)/bin
 ACTIVATE := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
@@ -38,10 +43,22 @@ check: install
 test: install
 	$(ACTIVATE) pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
-# Every benchmark on this machine's GPU within 8 minutes (benchmarks/measure.py); the results
-# land in benchmarks/results/*-cuda.json. `--device cpu` is its smoke test (tests/test_measure.py).
-bench-gpu: install
-	$(ACTIVATE) python benchmarks/measure.py --device cuda
+# Every benchmark on this machine's GPU within 8 minutes (benchmarks/measure.py): the results
+# land in benchmarks/results/*-cuda.json (ARCHIVE=FILE also packs them and each step's log into
+# FILE). Where .whl/ exists and PyPI does not answer (a lent GPU machine, docs/csd3.md), the
+# wheels benchmarks/device_wheels.py fetched go into $(SITE) for the machine's own $(PYTHON) and
+# its torch; elsewhere the venv. `--device cpu` is its smoke test (tests/test_measure.py).
+# `make install`, not $(MAKE): make -n runs a line naming $(MAKE), and this one measures.
+bench-gpu:
+	@if [ -d .whl ] && ! $(PYTHON) benchmarks/device_wheels.py online; then \
+		echo "bench-gpu: no network: the wheels in .whl/ into $(SITE)"; \
+		$(PYTHON) benchmarks/device_wheels.py install --target $(SITE) || exit 1; \
+		PYTHONPATH="$(SITE)" $(PYTHON) benchmarks/device_wheels.py check \
+			|| echo "bench-gpu: measuring anyway; the steps report what fails"; \
+		PYTHONPATH="$(SITE)" $(PYTHON) benchmarks/measure.py $(MEASURE) $(MEASURE_ARCHIVE); \
+	else \
+		make install && $(ACTIVATE) python benchmarks/measure.py $(MEASURE) $(MEASURE_ARCHIVE); \
+	fi
 
 # lint-imports checks the floors (pyproject.toml) of this checkout's src/, whatever the venv has
 # installed (worktrees may share one).

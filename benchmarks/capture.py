@@ -205,6 +205,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0, help="this share of each size's tokens")
+    ap.add_argument("--sizes", nargs="+", default=None,
+                    help="these sizes only (default: the device's, see SIZES)")  # fmt: skip
     ap.add_argument("--dir", default=None, help="where files go (default: a temp dir here)")
     for key, kind in (("model", str), ("layers", int), ("tokens", int), ("context", int),
                       ("batch", int)):  # fmt: skip
@@ -218,7 +220,10 @@ def main() -> None:
     sizes = {
         name: (m, layers, int(tokens * args.scale), ctx, batch)
         for name, (m, layers, tokens, ctx, batch) in SIZES["cuda" if cuda else "cpu"].items()
+        if not args.sizes or name in args.sizes
     }
+    if not sizes:
+        ap.error(f"--sizes: none of {args.sizes} is a size on this device")
     data = {
         "benchmark": "capture against the disk, today's code and this checkout's",
         "device": args.device,
@@ -232,7 +237,9 @@ def main() -> None:
         "runs": {name: {"today": [], "new": []} for name in sizes},
     }
     dtype = "bfloat16" if cuda else "float32"
-    data["peak_flops"] = {dtype: matmul_peak(args.device, dtype, 256 * 128, 768, 3072)}
+    # The forward's MLP product at a batch of contexts of 128 (256 on a GPU, 8 on a CPU).
+    rows = (256 if cuda else 8) * 128
+    data["peak_flops"] = {dtype: matmul_peak(args.device, dtype, rows, 768, 3072)}
     trees.write(args.json, data)
     with tempfile.TemporaryDirectory(dir=args.dir or ".") as tmp:
         work = Path(tmp)

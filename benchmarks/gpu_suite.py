@@ -24,12 +24,16 @@ no download) it runs, on one device, the stages' own code:
   first is left out);
 - `attribution`: attribution.scores.score_nodes() (method atp, all nodes, no exact patching)
   with an SAE spliced at every layer (12 for GPT-2, 24 for Qwen): the unit the stage's other
-  parts repeat.
+  parts repeat, as the stage runs it: the model in float32, matmuls without TF32
+  (devices.precise_math).
 
 Each record has the rate, the measured peak memory next to the memory planner's estimate, the
-FLOPs per token, the achieved FLOP/s, the device's peak (the datasheet figure for known GPUs,
-else the measured matmul rate) and the share of it reached; report/gpu_hours.py turns a result file
-into the GPU-hours of a full run.
+FLOPs per token, the achieved FLOP/s, and the peak of the dtype its work ran in (the datasheet
+figure for known GPUs, else the measured matmul rate) with the share of it reached: bf16 (the
+model's `auto` dtype on a GPU) for the forward and capture, bf16 for SAE training under
+`sae.autocast` (the ready configs' variant on a GPU) else float32 (TF32 on a GPU), float32
+without TF32 for attribution (perf.FLOAT32_NO_TF32). report/gpu_hours.py turns a result file into
+the GPU-hours of a full run and circuitflow.resources plans walltimes from its rates.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads this once
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
@@ -46,7 +51,7 @@ import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,15 +61,30 @@ import torch
 
 from circuitflow import memory, perf
 from circuitflow.attribution import plan as attribution_plan
-from circuitflow.devices import enable_fast_math, resolve_dtype
+from circuitflow.devices import enable_fast_math, precise_math, resolve_dtype, set_tf32
 from circuitflow.memory import FAST_THRESHOLD, set_mmap_threshold, track_live_bytes_on_cpu
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.sae import plan as sae_plan
 
+NO_TF32 = perf.FLOAT32_NO_TF32
+
+
+@contextlib.contextmanager
+def fast_math(device: str) -> Iterator[None]:
+    """TF32 on inside the block (devices.enable_fast_math), as it was before after it."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    enable_fast_math(device)
+    try:
+        yield
+    finally:
+        if not before:
+            set_tf32(False)
+
+
 SAE_VARIANTS = {
-    # config/gpt2-small.yaml and config/qwen2.5-0.5b.yaml
-    "topk-32x-k32": {"architecture": "topk", "expansion_factor": 32, "k": 32},
+    # config/gpt2-small.yaml and config/qwen2.5-0.5b.yaml (bf16 autocast on a GPU, as they run)
+    "topk-32x-k32": {"architecture": "topk", "expansion_factor": 32, "k": 32, "autocast": True},
     # the schema's defaults (a config without an sae: section)
     "default": {},
 }
@@ -159,17 +179,23 @@ class Suite:
         """Measure the matmul peak for each dtype in use, keeping the best of every call (a
         neighbour's load on a shared machine only ever lowers it). Called at the start and end."""
         name = device_name(self.device)
-        dtypes = [torch.float32]
-        if self.device.startswith("cuda"):
-            dtypes.append(self.compute_dtype())
+        cuda = self.device.startswith("cuda")
+        dtypes = [torch.float32] + ([self.compute_dtype()] if cuda else [])
         measured = dict(self.peaks.get("measured", {}))
         for dt in dtypes:
-            rate = perf.measured_peak_flops(self.device, dt)
+            with fast_math(self.device):  # float32 as TF32, as SAE training runs it
+                rate = perf.measured_peak_flops(self.device, dt)
             measured[perf.dtype_name(dt)] = max(rate, measured.get(perf.dtype_name(dt), 0.0))
+        # float32 without TF32, as attribution runs: a CPU has no TF32 (the same product).
+        precise = measured["float32"]
+        if cuda:
+            with precise_math():
+                precise = perf.measured_peak_flops(self.device, torch.float32)
+        measured[NO_TF32] = max(precise, measured.get(NO_TF32, 0.0))
         nominal = {
-            perf.dtype_name(dt): perf.nominal_peak_flops(name, dt)
-            for dt in dtypes
-            if self.device.startswith("cuda") and perf.nominal_peak_flops(name, dt)
+            key: perf.nominal_peak_flops(name, key)
+            for key in [perf.dtype_name(dt) for dt in dtypes] + [NO_TF32]
+            if cuda and perf.nominal_peak_flops(name, key)
         }
         self.peaks = {"measured": measured, "nominal": nominal}
         self.log(
@@ -296,11 +322,20 @@ class Suite:
         tokens = rng.integers(1, cfg.d_vocab, size=(n_ctx, ctx)).astype(np.int32)
         tokens[:, 0] = 0
         files = self.capture(name, model, tokens, weights, workdir)
-        for variant, overrides in SAE_VARIANTS.items():
+        for variant, sae_overrides in SAE_VARIANTS.items():
             self.sae_train(
-                name, variant, overrides, model, files[cfg.n_layers // 2], weights, workdir
+                name, variant, sae_overrides, model, files[cfg.n_layers // 2], weights, workdir
             )
-        self.attribution(name, model, weights)
+        if dtype != torch.float32:
+            # Attribution loads the model in float32 whatever model.dtype says
+            # (model.load.load_for_analysis).
+            del model
+            memory.free_device_memory(self.device)
+            torch.manual_seed(0)
+            cfg = architectures.config(name, device=self.device, dtype=torch.float32, seed=0,
+                                       **overrides)  # fmt: skip
+            model = HookedTransformer(cfg).eval()
+        self.attribution(name, model, n_params * memory.dtype_bytes(torch.float32))
         del model
         memory.free_device_memory(self.device)
 
@@ -390,8 +425,13 @@ class Suite:
         sizes = self.sizes
         info = read_activation_info(path)
         base = {"batch_size": sizes.sae_batch}
+        cuda = self.device.startswith("cuda")
         cfg = SAETrainConfig.from_dict(
-            base | overrides | {"total_tokens": sizes.sae_steps * sizes.sae_batch},
+            # bf16 autocast is for GPUs (where the ready configs run): a CPU measures float32.
+            base
+            | overrides
+            | {"total_tokens": sizes.sae_steps * sizes.sae_batch}
+            | ({} if cuda else {"autocast": False}),
             device=self.device,
         )
         # One norm-estimate batch; a one-step dead window puts TopK's auxiliary loss on dead
@@ -442,12 +482,14 @@ class Suite:
             tokens=steps * cfg.batch_size,
             steps=steps,
             batch_size=cfg.batch_size,
-            dtype="float32",
+            autocast=cfg.autocast,
+            # The dense products' dtype: bf16 under autocast, else float32 (TF32 on a GPU).
+            dtype="bfloat16" if cfg.autocast else "float32",
             peak_memory_bytes=used + resident,
             planned_memory_bytes=planned,
             flops_per_token=flops,
             achieved_flops=flops * rate,
-            flops_by_dtype={"float32": 1.0},
+            flops_by_dtype={"bfloat16" if cfg.autocast else "float32": 1.0},
         )
 
     def attribution(self, name: str, model, weights: int) -> None:
@@ -490,19 +532,18 @@ class Suite:
             validation_features=0,
             batch_size=sizes.attribution_batch,
         )
-        scores.score_nodes(model, prompts.iloc[:1], saes, acfg)  # warm-up
-        result, used, _ = self.measure(lambda: scores.score_nodes(model, prompts, saes, acfg))
+        with precise_math():  # as attribution.stage runs every pass
+            scores.score_nodes(model, prompts.iloc[:1], saes, acfg)  # warm-up
+            result, used, _ = self.measure(lambda: scores.score_nodes(model, prompts, saes, acfg))
+            fwd = self._forward_rate(model, clean.astype(np.int32), sizes.attribution_batch, None)
         # The fast pass alone (the exact check on the validation prompts is charged by count).
         seconds = result.seconds["fast"]
         rate = n / seconds
-        fwd = self._forward_rate(model, clean.astype(np.int32), sizes.attribution_batch, None) / t
+        fwd /= t
         passes = attribution_plan.passes(cfg, len(saes), acfg, n, d_sae)["atp"]
         model_flops = forward_flops_per_token(cfg, t) * t * passes
         sae_flops = perf.spliced_sae_flops_per_token(d, d_sae) * len(saes) * t * passes
         flops = model_flops + sae_flops
-        # The model runs in its dtype, the SAEs in float32.
-        mix = {perf.dtype_name(cfg.dtype): model_flops / flops}
-        mix["float32"] = mix.get("float32", 0.0) + sae_flops / flops
         estimate = attribution_plan.estimate_attribution(
             cfg, sum(p.numel() for p in model.parameters()), t, len(saes), d_sae, cfg.dtype,
             self.device, method="atp",
@@ -521,13 +562,15 @@ class Suite:
             seconds=seconds,
             batch_size=sizes.attribution_batch,
             dtype=perf.dtype_name(cfg.dtype),
+            tf32=False,
             peak_memory_bytes=used + resident,
             planned_memory_bytes=estimate.total(min(n, sizes.attribution_batch)),
             forward_passes=passes,
             flops_per_prompt=flops,
             flops_per_token=flops / t,
             achieved_flops=flops * rate,
-            flops_by_dtype=mix,
+            # The model and the SAEs in float32, every matmul without TF32.
+            flops_by_dtype={NO_TF32: 1.0},
             ratio_to_forward=rate / fwd,
         )
         saes.clear()

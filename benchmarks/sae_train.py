@@ -37,8 +37,11 @@ of the dtype the step computes in (bf16 under autocast; float32, TF32 where enab
 on a matmul of the step's shape ([batch, d_in] x [d_in, d_sae]). The gpu step's own count
 (`gpu_step_flops_per_token`: 10 d_in d_sae, 16 with AuxK) gives its share of that peak.
 
-`--profile-steps N`: N steady-state steps of each of our trainers under torch.profiler: kernels
-launched (CUDA) or aten ops run (CPU) per step, FLOPs per step, and the top ops by time.
+`--profile-steps N`: N steady-state steps of each trainer run (sparsify's too) under
+torch.profiler: kernels launched (CUDA) or aten ops run (CPU) per step, FLOPs and ms per step,
+and the top ops by time (`profile` in the JSON). `--sync-check-steps N`: N steady-state steps of
+the gpu trainer under torch.cuda.set_sync_debug_mode("error") (on a CPU, tests/helpers/no_sync.py),
+`sync_check.passed` in the JSON.
 """
 
 from __future__ import annotations
@@ -206,31 +209,46 @@ def train_ours(trainer: str, cfg, info, stream, steps: int, clock: Clock, args):
     return (lambda rows: saved.decode(saved.encode(rows)), saved.encode), dead
 
 
-def train_sparsify(cfg, d_in: int, stream, steps: int, clock: Clock, args):
-    """sparsify's trainer's SAE step (see the module's doc) for `steps` batches of `stream`."""
-    from sparsify import SparseCoder, SparseCoderConfig
+class SparsifyStep:
+    """sparsify's trainer's SAE step (see the module's doc) on one batch: its SparseCoder, Adam
+    at its learning rate, and its dead-latent count in tokens."""
 
-    sae = SparseCoder(d_in, SparseCoderConfig(expansion_factor=cfg.expansion_factor, k=cfg.k),
-                      device=args.device, dtype=torch.float32)  # fmt: skip
-    lr = 2e-4 / (sae.num_latents / 2**14) ** 0.5  # its trainer's Adam learning rate
-    opt = torch.optim.Adam(sae.parameters(), lr=lr)
-    since_fired = torch.zeros(sae.num_latents, dtype=torch.long, device=args.device)
-    threshold = args.dead_window_steps * int(cfg.batch_size)  # in tokens, as sparsify counts
-    for step in range(steps):
-        x = next(stream)
-        out = sae(x, dead_mask=since_fired > threshold)
+    def __init__(self, cfg, d_in: int, args):
+        from sparsify import SparseCoder, SparseCoderConfig
+
+        self.sae = SparseCoder(d_in, SparseCoderConfig(expansion_factor=cfg.expansion_factor,
+                                                       k=cfg.k),
+                               device=args.device, dtype=torch.float32)  # fmt: skip
+        lr = 2e-4 / (self.sae.num_latents / 2**14) ** 0.5  # its trainer's Adam learning rate
+        self.opt = torch.optim.Adam(self.sae.parameters(), lr=lr)
+        self.since_fired = torch.zeros(self.sae.num_latents, dtype=torch.long, device=args.device)
+        self.threshold = args.dead_window_steps * int(cfg.batch_size)  # tokens, as it counts
+
+    def __call__(self, x: torch.Tensor) -> None:
+        sae = self.sae
+        out = sae(x, dead_mask=self.since_fired > self.threshold)  # bf16 autocast its own
         (out.fvu + out.auxk_loss / 32).backward()
         sae.remove_gradient_parallel_to_decoder_directions()
-        opt.step()
-        opt.zero_grad()
+        self.opt.step()
+        self.opt.zero_grad()
         sae.set_decoder_norm_to_unit_norm()
-        fired = torch.zeros_like(since_fired, dtype=torch.bool)
+        fired = torch.zeros_like(self.since_fired, dtype=torch.bool)
         fired[out.latent_indices.flatten()] = True
-        since_fired += len(x)
-        since_fired[fired] = 0
-        if step in (0, steps - 1):
+        self.since_fired += len(x)
+        self.since_fired[fired] = 0
+
+    def dead_fraction(self) -> float:
+        return (self.since_fired >= self.threshold).float().mean().item()
+
+
+def train_sparsify(cfg, d_in: int, stream, steps: int, clock: Clock, args):
+    """sparsify's SAE step for `steps` batches of `stream`."""
+    step = SparsifyStep(cfg, d_in, args)
+    for i in range(steps):
+        step(next(stream))
+        if i in (0, steps - 1):
             clock.mark()
-    dead = (since_fired >= threshold).float().mean().item()
+    sae = step.sae
 
     def decode(rows: torch.Tensor) -> torch.Tensor:
         return sae(rows).sae_out.float()
@@ -241,7 +259,7 @@ def train_sparsify(cfg, d_in: int, stream, steps: int, clock: Clock, args):
             1, idx, acts.float()
         )
 
-    return (decode, encode), dead
+    return (decode, encode), step.dead_fraction()
 
 
 @torch.no_grad()
@@ -302,32 +320,51 @@ def gpu_step_flops_per_token(d_in: int, d_sae: int, aux: bool) -> float:
     return (16 if aux else 10) * d_in * d_sae
 
 
-# --- profile --------------------------------------------------------------------------------------
+# --- profile and the sync check -------------------------------------------------------------------
+def steady_state(trainer: str, cfg, path: Path, args, n: int):
+    """`trainer` (ours, or sparsify) brought to the steady state (latents dead, AuxK on), and
+    `n` more batches already on the device: (a function that steps it on one batch, the
+    batches). Ours step as SAELens's loop steps them (SAETrainer.fit's step and step counter;
+    its sparsity-window reset, once every feature_sampling_window steps, reads back by design
+    and is left out)."""
+    info = read_activation_info(path)
+    stream_cfg = ActivationStreamConfig(batch_size=int(cfg.batch_size), device=args.device)
+    with ActivationStream(info, stream_cfg) as stream:
+        batches = [next(stream) for _ in range(args.dead_window_steps + 2 + n)]
+    if trainer == "sparsify":
+        step = SparsifyStep(cfg, info.d_in, args)
+    else:
+        tcfg = dataclasses.replace(
+            trainer_config(cfg, info, args.device), n_batches_for_norm_estimate=1,
+            dead_feature_window=args.dead_window_steps,
+        )  # fmt: skip
+        sae = build_training_sae(cfg, info.d_in, info.hook_name, args.device)
+        tr = build_trainer(cfg, tcfg, sae, iter(()), choice=Choice(trainer, "benchmark", ""))
+
+        def step(batch: torch.Tensor) -> None:
+            tr.step(batch)
+            tr.n_training_steps += 1
+
+    for b in batches[:-n]:  # latents die: AuxK on, as in the steady state
+        step(b)
+    synchronize(args.device)
+    return step, batches[-n:]
+
+
 def profile(trainer: str, cfg, path: Path, args) -> dict:
-    """`args.profile_steps` steady-state steps of `trainer` under torch.profiler."""
+    """`args.profile_steps` steady-state steps of `trainer` under torch.profiler: kernels (CUDA)
+    or aten ops (CPU) a step, FLOPs a step and the top ops by their own time."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    info = read_activation_info(path)
-    tcfg = dataclasses.replace(
-        trainer_config(cfg, info, args.device), n_batches_for_norm_estimate=1,
-        dead_feature_window=args.dead_window_steps,
-    )  # fmt: skip
     n = args.profile_steps
-    stream_cfg = ActivationStreamConfig(batch_size=int(cfg.batch_size), device=args.device)
-    with ActivationStream(info, stream_cfg) as stream:
-        sae = build_training_sae(cfg, info.d_in, info.hook_name, args.device)
-        tr = build_trainer(cfg, tcfg, sae, stream, choice=Choice(trainer, "benchmark", ""))
-        batches = [next(stream) for _ in range(args.dead_window_steps + 2 + n)]
-        for b in batches[:-n]:  # latents die: AuxK on, as in the steady state
-            tr.step(b)
+    step, batches = steady_state(trainer, cfg, path, args, n)
+    cuda = args.device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=acts, with_flops=True) as prof:
+        for b in batches:
+            step(b)
         synchronize(args.device)
-        cuda = args.device.startswith("cuda")
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with torch_profile(activities=acts, with_flops=True) as prof:
-            for b in batches[-n:]:
-                tr.step(b)
-            synchronize(args.device)
     events = prof.key_averages()
     if cuda:
         kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
@@ -339,11 +376,50 @@ def profile(trainer: str, cfg, path: Path, args) -> dict:
         "steps": n,
         "kernels_per_step" if cuda else "aten_ops_per_step": kernels / n,
         "flops_per_step": sum(e.flops for e in events) / n,
+        "ms_per_step": sum(getattr(e, key) for e in events) / 1000 / n,
         "top_ops": [
             {"op": e.key, "calls_per_step": e.count / n, "ms_per_step": getattr(e, key) / 1000 / n}
             for e in top
         ],  # fmt: skip
     }
+
+
+def sync_check(cfg, path: Path, args) -> dict:
+    """`args.sync_check_steps` steady-state steps of the gpu trainer where any read of a device
+    value back is an error: on CUDA torch.cuda.set_sync_debug_mode("error"), which raises on
+    every synchronising call; on a CPU tests/helpers/no_sync.py's NoHostSync, which raises on
+    every op that would synchronise on CUDA (the unit tests' proof). `passed` must be true."""
+    n = args.sync_check_steps
+    step, batches = steady_state("gpu", cfg, path, args, n)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        mode = 'torch.cuda.set_sync_debug_mode("error")'
+        guard = SyncDebugError()
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from helpers.no_sync import NoHostSync
+
+        mode = "tests/helpers/no_sync.py NoHostSync (the ops that synchronise on CUDA)"
+        guard = NoHostSync()
+    out = {"trainer": "gpu", "steps": n, "mode": mode, "autocast": cfg.autocast}
+    try:
+        with guard:
+            for b in batches:
+                step(b)
+        synchronize(args.device)
+    except (RuntimeError, AssertionError) as err:  # torch's and NoHostSync's, naming the op
+        return out | {"passed": False, "error": str(err).splitlines()[0][:500]}
+    return out | {"passed": True}
+
+
+class SyncDebugError:
+    """torch.cuda.set_sync_debug_mode("error") inside the block."""
+
+    def __enter__(self):
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
 
 
 # --- one size, every trainer ----------------------------------------------------------------------
@@ -381,16 +457,36 @@ def bench(name: str, args, out: dict, save: Callable[[], None], tmp: Path) -> di
         order = trainers[r % len(trainers) :] + trainers[: r % len(trainers)]
         result["first_in_round"].append(order[0])
         for trainer in order:
-            run = train_one(trainer, cfg, path, held_out, args)
+            try:
+                run = train_one(trainer, cfg, path, held_out, args)
+            except Exception as err:  # noqa: BLE001  (sparsify is a comparison: ours go on)
+                if trainer != "sparsify":
+                    raise
+                # E.g. its Triton decoder on a CPU where triton is installed (CUDA torch).
+                result["sparsify"] = {"failed": f"{type(err).__name__}: {err}"[:500]}
+                trainers.remove(trainer)
+                runs.pop(trainer)
+                save()
+                print(f"  {name} round {r} sparsify failed: {result['sparsify']['failed']}",
+                      flush=True)  # fmt: skip
+                continue
             runs[trainer].append(run)
             result["runs"][trainer].append(dataclasses.asdict(run))
             summarise(result, runs, dense)
             save()
             print(f"  {name} round {r} {trainer:8s}: {run.tokens_per_s:12,.0f} tok/s, EV "
                   f"{run.explained_variance:.4f}", flush=True)  # fmt: skip
+    if args.sync_check_steps and "gpu" in trainers:
+        result["sync_check"] = sync_check(cfg, path, args)
+        save()
+        print(
+            f"  {name} sync check of the gpu step: "
+            f"{'passed' if result['sync_check']['passed'] else 'FAILED'}",
+            flush=True,
+        )
     if args.profile_steps:
         result["profile"] = {}
-        for trainer in (t for t in OURS if t in trainers):
+        for trainer in trainers:
             result["profile"][trainer] = profile(trainer, cfg, path, args)
             save()
     print_line(name, result)
@@ -491,6 +587,8 @@ def main() -> None:
         help="bf16 autocast for every trainer (auto: on for CUDA)",
     )  # fmt: skip
     p.add_argument("--profile-steps", type=int, default=0, help="profile N steps per trainer")
+    p.add_argument("--sync-check-steps", type=int, default=0,
+                   help="N steady-state gpu steps where a read back is an error")  # fmt: skip
     p.add_argument("--threads", type=int)
     p.add_argument("--json", type=Path, help="write the results here (as they are measured)")
     args = p.parse_args()

@@ -7,6 +7,14 @@ drawn at random), with config/gpt2-small.yaml's two behaviours (ioi, capitals).
 
     python benchmarks/scale.py --device cpu   # reduced counts, 2 SAE layers: < 20 min on 2 cores
     python benchmarks/scale.py --device cuda  # config/gpt2-small.yaml's budgets (one GPU)
+    python benchmarks/scale.py --device cuda --reduced   # benchmarks/measure.py's: minutes
+
+`--reduced` (any device) is the CPU mode's counts with a transcoder beside each SAE, so the
+per-prompt graphs run too (on a GPU: replacement.compute_rows on CUDA). On a GPU the DAG's
+independent jobs share it, `--gpu-jobs` at a time (default 4; the reduced DAG's jobs hold a few
+GB of the GPU's memory each and pay 12 to 19 s of start-up, which one at a time were most of its
+wall time), each with the machine's cores shared out (`--max-threads`): a stage's seconds are
+then those of its jobs beside others', an upper bound on each alone.
 
 Random weights make the science meaningless (accuracies, circuits, faithfulness): this measures
 cost only. Writes benchmarks/results/scale-<device>.json: `n_layers`, per stage (capture,
@@ -33,6 +41,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("capture", "train_sae", "attribution", "interventions")
+# Figures only, where the run has them (--reduced): not in the projection to a full run.
+EXTRA_STAGES = ("prompt_graphs",)
 # CPU mode: reduced token and prompt counts and two SAE layers (the first and the last, so
 # capture still runs all 12 blocks); every other setting is config/gpt2-small.yaml's.
 CPU_OVERRIDES = {
@@ -49,6 +59,11 @@ CPU_OVERRIDES = {
                       "max_set_size": 2, "steering_alphas": [-4, 0, 4],
                       "circuit_sizes": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]},
 }  # fmt: skip
+# --reduced: those counts, and a transcoder at each of the two layers beside its SAE, so the
+# DAG also trains transcoders, replaces the MLPs and draws two per-prompt graphs a behaviour.
+REDUCED_OVERRIDES = {"sae": {"kind": "both"}, "attribution": {"prompt_graphs": 2}}
+# On a CPU the SAEs train in float32: bf16 autocast (the ready configs', for GPUs) is slow there.
+CPU_ONLY = {"sae": {"autocast": False}}
 
 
 def write_model(out: Path, weights: bool = True) -> None:
@@ -115,16 +130,31 @@ def run_config(
         "sae": {"source": "capture", "total_tokens": 20_000_000},
     })  # fmt: skip
     config["model"].pop("n_layers", None)  # read from the local config.json
-    return merge(config, CPU_OVERRIDES) if device == "cpu" or reduced else config
+    if reduced:
+        config = merge(merge(config, CPU_OVERRIDES), REDUCED_OVERRIDES)
+    elif device == "cpu":
+        config = merge(config, CPU_OVERRIDES)
+    return merge(config, CPU_ONLY) if device == "cpu" else config
 
 
-def snakemake(config_file: Path, cores: int, gpus: int, dry_run: bool = False) -> float:
-    """Run the DAG; on a GPU one GPU job at a time (`--resources gpus=N`), so each job's wall
-    time is its own. `dry_run`: plan it only (benchmarks/measure.py's CPU smoke test)."""
+def snakemake_command(config_file: Path, cores: int, gpu_jobs: int, dry_run: bool = False) -> list:
+    """Snakemake on the DAG: at most `gpu_jobs` GPU jobs at a time (`--resources gpus=N`: each
+    GPU rule asks for one; 0 on a CPU, whose rules ask for none), each with at most an even
+    share of the cores (`--max-threads`: the GPU rules ask for 8). The greedy scheduler: the
+    ILP one's solver (pulp's CBC) is left out of the wheels a GPU machine without network gets
+    (benchmarks/device_wheels.py), and on a DAG this small the order hardly matters."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(REPO), "--configfile", str(config_file),
-           "--cores", str(cores), "--resources", f"gpus={gpus}"]  # fmt: skip
-    cmd += ["--dry-run"] if dry_run else []
+           "--directory", str(REPO), "--configfile", str(config_file), "--cores", str(cores),
+           "--resources", f"gpus={gpu_jobs}", "--scheduler", "greedy"]  # fmt: skip
+    if gpu_jobs > 1:
+        cmd += ["--max-threads", str(max(1, cores // gpu_jobs))]
+    return cmd + (["--dry-run"] if dry_run else [])
+
+
+def snakemake(config_file: Path, cores: int, gpu_jobs: int, dry_run: bool = False) -> float:
+    """Run the DAG (snakemake_command); `dry_run`: plan it only (benchmarks/measure.py's CPU
+    smoke test)."""
+    cmd = snakemake_command(config_file, cores, gpu_jobs, dry_run)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
     log = config_file.parent / "snakemake.log"
@@ -185,6 +215,24 @@ def dag_jobs(log: Path) -> int:
     raise ValueError(f"{log}: no job table (did the dry run fail?)")
 
 
+def planned_jobs(log: Path) -> dict[str, dict]:
+    """Per rule of a dry run's log: its jobs, the GPUs and the threads each asks for."""
+    import re
+
+    rules: dict[str, dict] = {}
+    for block in log.read_text().split("\n\n"):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if not rule:
+            continue
+        gpus = re.search(r"^\s+resources:.*\bgpus=(\d+)", block, re.M)
+        threads = re.search(r"^\s+threads: (\d+)", block, re.M)
+        row = rules.setdefault(rule.group(1), {"jobs": 0, "gpus": 0, "threads": 1})
+        row["jobs"] += 1
+        row["gpus"] = max(row["gpus"], int(gpus.group(1)) if gpus else 0)
+        row["threads"] = max(row["threads"], int(threads.group(1)) if threads else 1)
+    return rules
+
+
 def stage_summaries(results: Path, rule: str) -> list[dict]:
     """Each job's counted cost (perf.PassCounter.summary) and what else the projection needs."""
     if rule == "capture":
@@ -200,6 +248,7 @@ def stage_summaries(results: Path, rule: str) -> list[dict]:
         return out
     pattern = {"train_sae": "saes/*/layer_*/metrics.json",
                "attribution": "attribution/*/summary.json",
+               "prompt_graphs": "attribution/*/prompt_graphs/summary.json",
                "interventions": "interventions/*/summary.json"}[rule]  # fmt: skip
     return [json.loads(p.read_text()) for p in sorted(results.glob(pattern))]
 
@@ -309,6 +358,9 @@ def main() -> None:
         action="store_true",
         help="the CPU's reduced counts on any device (benchmarks/measure.py)",
     )
+    ap.add_argument("--gpu-jobs", type=int, default=None,
+                    help="GPU jobs at a time on the one GPU (default: 4 with --reduced on a GPU, "
+                    "else 1, so a full run's jobs each have the GPU alone)")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true",
                     help="plan the DAG only and write its job count (a smoke test)")  # fmt: skip
     ap.add_argument(
@@ -326,6 +378,9 @@ def main() -> None:
     from circuitflow import perf
     from circuitflow.io import write_json
 
+    if args.gpu_jobs is None:
+        args.gpu_jobs = 4 if args.reduced and args.device == "cuda" else 1
+    gpu_jobs = args.gpu_jobs if args.device == "cuda" else 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="circuitflow-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir, corpus = workdir / "gpt2-small-random", workdir / "corpus.txt"
@@ -339,14 +394,20 @@ def main() -> None:
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     path = args.out or REPO / "benchmarks" / "results" / f"scale-{args.device}.json"
     if args.dry_run:
-        snakemake(config_file, args.cores, 0, dry_run=True)
+        snakemake(config_file, args.cores, gpu_jobs, dry_run=True)
         jobs = dag_jobs(workdir / "snakemake.log")
+        rules = planned_jobs(workdir / "snakemake.log")
         write_json(
             path,
             {
                 "benchmark": "scale",
                 "dry_run": True,
                 "jobs": jobs,
+                "device": args.device,
+                "cores": args.cores,
+                "gpu_jobs_at_a_time": gpu_jobs,
+                "command": snakemake_command(config_file, args.cores, gpu_jobs)[1:],
+                "rules": rules,
                 "config": {k: config[k] for k in ("layers", "sae", "behaviours")},
             },
         )
@@ -355,11 +416,12 @@ def main() -> None:
     if args.reuse:
         total_s = elapsed_s(workdir / "snakemake.log")
     else:
-        total_s = snakemake(config_file, args.cores, 1 if args.device == "cuda" else 0)
+        total_s = snakemake(config_file, args.cores, gpu_jobs)
 
     results = workdir / "results"
     stages = {}
-    for rule in STAGES:
+    ran = [r for r in EXTRA_STAGES if (results / "benchmarks" / r).is_dir()]
+    for rule in (*STAGES, *ran):
         summaries = stage_summaries(results, rule)
         stage = rule_costs(results, rule)
         stage["forward_equivalents_per_prompt"] = mean(
@@ -415,6 +477,7 @@ def main() -> None:
         "model": "gpt2-small architecture, random weights (local Hugging Face directory)",
         "config": {k: config[k] for k in ("layers", "capture", "sae", "behaviours")},
         "reduced": args.device == "cpu" or args.reduced,
+        "gpu_jobs_at_a_time": gpu_jobs,
         "snakemake_wall_s": total_s,
         "stages": stages,
         "a100_hours_full_config": sum(hours.values()),

@@ -11,33 +11,52 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+NO_BASELINE = "none"  # --baseline-ref none: this checkout's code alone (measure.py's smoke run)
+
+
+def packed(ref: str) -> Path:
+    """Where benchmarks/device_wheels.py packs `ref`'s tree for a machine without git."""
+    return REPO / ".whl" / f"src-{ref}.tar"
+
+
+def archive(ref: str) -> bytes:
+    """`ref`'s src/ and workflow/ (whose schema it reads) as a tar, by `git archive`."""
+    return subprocess.run(["git", "-C", str(REPO), "archive", ref, "src", "workflow"],
+                          capture_output=True, check=True).stdout  # fmt: skip
 
 
 def export(ref: str, into: Path) -> Path | None:
-    """`ref`'s src/ (and workflow/, whose schema it reads) under `into`, by `git archive`; None
-    where git cannot (a copy of the tree without its repository)."""
+    """`ref`'s tree (archive) under `into`; where git cannot (a copy of the tree without its
+    repository, as on a lent GPU machine), the one device_wheels.py packed; else None."""
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "src", "workflow"],
-                                 capture_output=True, check=True).stdout  # fmt: skip
+        tar = archive(ref)
     except (OSError, subprocess.CalledProcessError):
-        return None
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+        if not packed(ref).is_file():
+            return None
+        tar = packed(ref).read_bytes()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
     return into / "src"
 
 
 def trees(ref: str, into: Path, data: dict) -> list[tuple[str, Path]]:
-    """[("new", this checkout's src), ("today", `ref`'s)]; where `ref` cannot be exported,
-    the new one alone and `data["baseline_note"]` says why."""
+    """[("new", this checkout's src), ("today", `ref`'s)]; where `ref` is `none` or cannot be
+    exported, the new one alone and `data["baseline_note"]` says why."""
+    if ref == NO_BASELINE:
+        data["baseline_note"] = "--baseline-ref none: this checkout's code alone"
+        return [("new", REPO / "src")]
     old = export(ref, into)
     if old is None:
-        data["baseline_note"] = f"no git repository here: {ref} not run"
+        data["baseline_note"] = f"no git repository here and no {packed(ref).name}: {ref} not run"
     return [("new", REPO / "src")] + ([("today", old)] if old else [])
 
 
 def run_worker(script: str, src: Path, args: list[str]) -> dict:
     """The last line of `script --worker ARGS` run on code tree `src`, as JSON."""
     cmd = [sys.executable, script, "--worker", *args]
-    env = {**os.environ, "PYTHONPATH": str(src), "TQDM_DISABLE": "1"}
+    # `src` first; the rest of PYTHONPATH stays (on a machine without network, the folder
+    # device_wheels.py installed the libraries into).
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "TQDM_DISABLE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{script} on {src} failed:\n{done.stderr[-3000:]}")

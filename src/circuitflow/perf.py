@@ -18,14 +18,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch only where a device is timed: the plans (Snakemake's) never import it
     import torch
 
+# The work of stages that compute a number a user reads (attribution, the baseline, the
+# interventions): float32 matmuls with TF32 off (devices.precise_math), on every device.
+FLOAT32_NO_TF32 = "float32_no_tf32"
 # Dense (no sparsity) datasheet peaks in FLOP/s by GPU and compute dtype. float32 matmuls on
-# Ampere and newer run as TF32 once devices.enable_fast_math has switched it on.
+# Ampere and newer run as TF32 once devices.enable_fast_math has switched it on; without it
+# (FLOAT32_NO_TF32) they run on the CUDA cores.
 NOMINAL_PEAK_FLOPS = {
-    "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
-    "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},  # SXM
-    "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
-    "T4": {"float16": 65e12, "float32": 8.1e12},
-}
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12, FLOAT32_NO_TF32: 19.5e12},
+    "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12,  # SXM
+             FLOAT32_NO_TF32: 67e12},
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12, FLOAT32_NO_TF32: 67e12},
+    "T4": {"float16": 65e12, "float32": 8.1e12, FLOAT32_NO_TF32: 8.1e12},
+}  # fmt: skip
 # Memory of each GPU above in bytes (the datasheet's, as nvidia-smi reports it in MiB): what the
 # memory planner fits a job's work into before the GPU is seen (sae.stream.layers_per_job auto).
 GPU_MEMORY_BYTES = {

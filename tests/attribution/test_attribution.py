@@ -394,26 +394,6 @@ def test_planned_passes_match_the_passes_the_stage_counts(tiny, method):
     assert counted["edge_validation"] <= planned["edge_validation"]
 
 
-def test_attribution_benchmark_counts_the_pass(monkeypatch):
-    """benchmarks/attribution.py's worker (one code tree's figures) on a one-layer model, as it
-    runs this checkout: no read-back, at most one copy to the host and one decode an SAE per
-    forward (the corrupted and the clean one) a batch; today's code read back ~200 times a batch
-    on GPT-2 small and decoded twice."""
-    import argparse
-    import runpy
-
-    from helpers.dag import REPO
-
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # its shared module, trees.py
-    bench = runpy.run_path(str(REPO / "benchmarks" / "attribution.py"))
-    sizes = dict(layers=1, d_sae=64, k=4, prompts=4, length=8, batch=2, validation=2)
-    out = bench["worker"](argparse.Namespace(device="cpu", repeats=1, **sizes))
-    assert out["tokens_per_s"] > 0 and out["flops_per_token"] > 0
-    assert out["syncs_per_batch"] == 0
-    assert out["host_copies_per_batch"] == 0.5  # the validation rows: all in the first batch
-    assert out["decodes_per_batch"] == 2
-
-
 def test_validation_passes_only_when_every_kind_with_enough_nodes_passes():
     """Pooled over kinds, many well-ranked features hide heads ranked backwards (induction on
     the embedded default: 0.91 over all nodes, -0.5 over its 3 live heads): `passed` then

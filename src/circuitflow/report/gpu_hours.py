@@ -310,9 +310,13 @@ def _device_peak(suite: dict, rec: dict, dtype: str) -> float:
 
 def _rate(suite: dict, rec: dict, dtype: str, gpu: str) -> float:
     """FLOP/s of `dtype` work of the record's kind on a `gpu`: measured there, or the record's
-    achieved rate scaled by the two devices' peaks for the dtype (the same roofline share)."""
+    achieved rate scaled by the two devices' peaks for the dtype (the same roofline share).
+    Work the suite measured in float32 without TF32 (attribution, as its stage runs on every
+    device) scales by that dtype's peaks, whatever dtype its plan counts it in."""
     if measured_on(suite, gpu):
         return rec["achieved_flops"]
+    if set(rec.get("flops_by_dtype", ())) == {perf.FLOAT32_NO_TF32}:
+        dtype = perf.FLOAT32_NO_TF32
     return rec["achieved_flops"] * _peak(gpu, dtype) / _device_peak(suite, rec, dtype)
 
 
