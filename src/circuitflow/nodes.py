@@ -22,22 +22,54 @@ SITE_ORDER = {
     "mlp_out": 0.9,
     "resid_post": 1.0,
 }
-# mlp_in is the normalised residual the MLP reads, before the norm's weight and bias (which
-# fold_ln folds into the MLP; affine, so a transcoder's encoder absorbs them otherwise). It is a
-# transcoder's input, as in SAELens's and circuit-tracer's transcoder configs; TransformerLens's
-# `hook_mlp_in` is the residual before the norm, and off by default.
+# Site mlp_in is what a block's MLP reads, up to its norm's weight: the one place that decides
+# which hook holds it on a model as it is loaded is `mlp_input` below.
 _MLP_IN = "ln2.hook_normalized"
 EMBED_HOOK = "hook_embed"
 KINDS = ("embedding", "head", "mlp", "feature", "error")
+# TransformerLens's normalization_type of a model loaded with its norms' weights in place (LN:
+# weight and bias; RMS: weight), and of one whose weights were folded into the next layer's.
+UNFOLDED_NORMS = ("LN", "RMS")
+FOLDED_NORMS = ("LNPre", "RMSPre")
 
 
-def hook_name(site: str, layer: int) -> str:
+@dataclass(frozen=True)
+class MlpInput:
+    """Where site mlp_in reads in block L of a model as it is loaded: `hook` (the hook's name
+    inside the block) and `norm_after`, whether the block's pre-MLP norm (ln2) still applies its
+    weight (and LayerNorm's bias) between that hook and the MLP. With the norms unfolded the MLP
+    receives `ln2.w * x + ln2.b` of the hook's x: a transcoder trained here reads x, its encoder
+    absorbing that affine map (as TransformerLens's fold_ln folds it into the MLP's W_in); one
+    published after it gets the map folded into its encoder when loaded (sae.pretrained). With
+    the norms folded the hook is exactly what the MLP receives."""
+
+    hook: str
+    norm_after: bool
+
+
+def mlp_input(normalization: str | None = "LN") -> MlpInput:
+    """Site mlp_in on a model whose norms are `normalization` as it is loaded (its
+    HookedTransformerConfig.normalization_type): ln2.hook_normalized, the normalised residual
+    before ln2's weight, which the norm's weight follows unless it was folded. ValueError for a
+    model without a norm before its MLPs (none the pipeline loads has one)."""
+    if normalization in UNFOLDED_NORMS:
+        return MlpInput(_MLP_IN, norm_after=True)
+    if normalization in FOLDED_NORMS:
+        return MlpInput(_MLP_IN, norm_after=False)
+    raise ValueError(
+        f"normalization_type {normalization!r}: site mlp_in reads the MLP's norm "
+        f"({_MLP_IN}), and this model has none before its MLPs"
+    )
+
+
+def hook_name(site: str, layer: int, normalization: str | None = "LN") -> str:
     """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}, and for mlp_in
-    blocks.{layer}.ln2.hook_normalized."""
+    the hook mlp_input names on a model whose norms are `normalization` (every model the
+    pipeline loads: blocks.{layer}.ln2.hook_normalized)."""
     if site not in SITES:
         raise ValueError(f"sites: {site!r} is not allowed; allowed values: {', '.join(SITES)}")
     if site == "mlp_in":
-        return f"blocks.{int(layer)}.{_MLP_IN}"
+        return f"blocks.{int(layer)}.{mlp_input(normalization).hook}"
     return f"blocks.{int(layer)}.hook_{site}"
 
 
