@@ -155,10 +155,13 @@ def test_a_source_added_by_its_registry_line_is_planned_as_its_record_says(monke
     line = fit.problem(original, jobs, small, machine)
     assert line is not None and fit.problem(renamed, jobs, small, machine) == line
     transcoders = {**renamed, "sites": ["mlp_out"], "sae": {**renamed["sae"], "kind": "transcoder"}}
+    sae_config.check_transcoders(transcoders)  # published transcoders, as pretrained's
+    sae_only = replace(dictionary_sources.named("published"), kinds=("sae",))
+    monkeypatch.setitem(dictionary_sources.SOURCES, "published", sae_only)
     with pytest.raises(
         ConfigError,
         match=r"^sae.source: 'published' with sae.kind transcoder; "
-        r"published makes sae.kind sae only: use sae.source capture or stream$",
+        r"published makes sae.kind sae only: use sae.source capture or stream or pretrained$",
     ):
         sae_config.check_transcoders(transcoders)
 

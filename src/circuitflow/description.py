@@ -135,13 +135,12 @@ def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[i
     """A published dictionary's d_sae and where it was read, or None where its cfg.json cannot
     be read here (a release not fetched yet; a directory the job will refuse in one line)."""
     try:
-        d = published.dictionary_for(config["sae"]["pretrained"], site, layer)
+        d = published.dictionary_for(config, site, layer)
+        view = published.view_of(d, config["model"]["hf_cache"]) or {}
         if d.path is not None:
-            view, where = published.read_local(d.path), f"{d.path}/{published.CFG_FILE}"
+            where = f"{d.label}'s config" if d.converted else f"{d.path}/{published.CFG_FILE}"
         else:
-            rel = published.resolve_release(d.release, d.sae_id)
-            view = published.release_view(rel, config["model"]["hf_cache"]) or {}
-            where = f"{d.release} {d.sae_id}'s {published.CFG_FILE} in the Hugging Face cache"
+            where = f"{d.release} {d.sae_id}'s config in the Hugging Face cache"
     except (ConfigError, InputError, KeyError, TypeError):
         return None
     width = view.get("d_sae")
@@ -153,9 +152,12 @@ def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictio
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
     how = "sae.d_sae" if sae["d_sae"] else f"sae.expansion_factor x d_model {d_model}"
     found, known = [], True
-    # Published dictionaries (sae.source pretrained: made by sae.pretrained) have their own width.
-    published_source = dictionary_sources.get(config).changes_dictionaries("sae.pretrained")
+    # Published dictionaries (sae.source pretrained, or the transcoders' sae.transcoders.source)
+    # have their own width.
     for site in dictionary_sites(config):
+        published_source = dictionary_sources.source_of(config, site).changes_dictionaries(
+            "sae.pretrained"
+        )
         for layer in config["layers"]:
             width, where = trained, how
             if published_source:
