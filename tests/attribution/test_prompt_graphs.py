@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from helpers.sae_data import contexts, tiny_model
-from helpers.transcoders import random_transcoders, replaced_logits
+from helpers.transcoders import random_skip_transcoders, random_transcoders, replaced_logits
 
 from circuitflow.attribution.prompt_graphs import files, heads, prune, replacement, validate
 from circuitflow.attribution.prompt_graphs.stage import linearity_error
@@ -111,6 +111,54 @@ def test_edges_are_direct_effects_measured_by_removing_each_source(setup, graph)
         edge = base - frozen_value(model, tokens, cache, embed, cut, target, tcs)
         assert graph.adjacency[row, err] == pytest.approx(edge, abs=1e-4)
     assert checked >= 4
+
+
+def test_a_skip_transcoders_linear_path_is_live_in_the_graph(setup):
+    """A skip transcoder's skip path (x W_skip^T of the MLP's input) is no node: the frozen
+    model computes it live, so an edge is what its source's removal changes through it too
+    (measured with each MLP output held at the clean value less its skip path, the skip path
+    added from the MLP's input in the same pass), every input is still exact, and the model
+    with the graph's error nodes spliced in is the real model."""
+    model, _, tokens = setup
+    tcs = random_skip_transcoders(model)
+    graph = replacement.build(model, tcs, tokens, ANSWER, DISTRACTOR, skip_bos=True,
+                              max_feature_nodes=10_000, batch_size=16)  # fmt: skip
+    assert linearity_error(graph) < 1e-4 * graph.inputs.abs().max()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([tokens]))
+    use = (torch.arange(len(tokens)) > 0).float()[:, None]
+    skips = {layer: cache[hook_name("mlp_in", layer)][0] @ tc.W_skip.T * use
+             for layer, tc in tcs.items()}  # fmt: skip
+    held = {layer: cache[mlp_hook(layer)][0] - skips[layer] for layer in tcs}
+    stash = {}
+    live = [(hook_name("mlp_in", layer), lambda a, hook, n=layer: stash.update({n: a}))
+            for layer in tcs]  # fmt: skip
+    live += [(mlp_hook(layer), lambda a, hook, n=layer: a + stash[n] @ tcs[n].W_skip.T * use)
+             for layer in tcs]  # fmt: skip
+    embed = cache[EMBED_HOOK][0]
+    target = (-1, len(tokens) - 1, 0)
+    base = frozen_value(model, tokens, cache, embed, held, target, tcs, live)
+    assert base == pytest.approx(graph.metric, abs=1e-4)
+    through_skip = 0.0
+    for pos in (1, len(tokens) // 2, len(tokens) - 2):
+        cut = embed.clone()
+        cut[pos] = 0
+        edge = base - frozen_value(model, tokens, cache, cut, held, target, tcs, live)
+        assert graph.adjacency[graph.logit_index, graph.token_index(pos)] == pytest.approx(
+            edge, abs=1e-4
+        ), pos
+        frozen = base - frozen_value(model, tokens, cache, cut, dict(cache_mlp(cache, tcs)),
+                                     target, tcs)  # fmt: skip
+        through_skip = max(through_skip, abs(edge - frozen))
+    assert through_skip > 1e-2  # the skip path carries part of the edges: the check can fail
+    pruned = prune.prune(graph.adjacency, graph.kinds(), 0.8, 0.98)
+    checked = validate.validate(graph, pruned.node_mask, pruned.node_influence, 5, 0.8)
+    assert checked["spliced_metric"] == pytest.approx(graph.metric, abs=1e-4)
+
+
+def cache_mlp(cache, tcs) -> dict:
+    """Each MLP's clean output, held whole (its skip path frozen with it)."""
+    return {layer: cache[mlp_hook(layer)][0] for layer in tcs}
 
 
 def test_replacement_model_with_its_error_nodes_is_the_real_model(setup):

@@ -4,12 +4,16 @@ on the transcoders the pipeline trained).
 The replacement model is the real model run on the prompt with three things held at their clean
 values: every attention pattern (`hook_pattern`), every norm's denominator (`hook_scale`), and
 every MLP's output (`hook_mlp_out`), which is split into its transcoder's active features
-(activation x decoder row), the transcoder's decoder bias and an error node (the real output
-minus the transcoder's). What is left is linear in the token embeddings, the features' and the
-error nodes' writes: a node's input (a feature's encoder pre-activation, the behaviour's logit
-difference) is the sum of its incoming edges plus bias terms (attention, norm and decoder biases,
-positional embeddings), and each edge is an exact direct effect, computed for a batch of target
-rows by one backward pass through that frozen model.
+(activation x decoder row), the transcoder's decoder bias, a skip transcoder's linear skip path
+(Gemma Scope 2's affine transcoders: x W_skip^T of the MLP's input x) and an error node (the real
+output minus the transcoder's). What is left is linear in the token embeddings, the features'
+and the error nodes' writes: a node's input (a feature's encoder pre-activation, the
+behaviour's logit difference) is the sum of its incoming edges plus bias terms (attention, norm
+and decoder biases, positional embeddings), and each edge is an exact direct effect, computed
+for a batch of target rows by one backward pass through that frozen model. The skip path is no
+node: it stays live in that model, a linear path from the MLP's input to its output, so a
+source's edges include what reaches a target through it (circuit-tracer's treatment: its
+replacement model adds the skip term to the MLP's output with its gradient kept).
 
 Node order (rows are targets, columns sources, as circuit-tracer's adjacency matrix): active
 features sorted by (layer, position, feature), then one error node per (layer, position), layer
@@ -28,6 +32,7 @@ from circuitflow.attribution.prompt_graphs import prune
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, head_hook, hook_name, mlp_hook
 from circuitflow.perf import PassCounter
+from circuitflow.sae.transcoder import skip_weight
 
 # Held at their clean values: what makes the model linear in the nodes' writes.
 FROZEN_SUFFIXES = ("hook_pattern", "hook_scale")
@@ -189,6 +194,26 @@ class Dictionary:
     errors: torch.Tensor  # [n_layers, P, d]
     decoder_bias: torch.Tensor  # [n_layers, P, d] b_dec where a transcoder replaces the MLP
     use: torch.Tensor  # [P] bool: the positions where transcoders replace the MLPs
+    # [n_layers, P, d]: each skip transcoder's skip path in the clean run (0 elsewhere): the
+    # part of the MLP output the frozen model computes live from the MLP's input (skip_path)
+    skip: torch.Tensor | None = None
+
+    def leaves(self, run: CleanRun) -> torch.Tensor:
+        """[n_layers, P, d]: each MLP's output less its skip path, the value the frozen model
+        writes for it (the skip path added live): the features, decoder bias and error."""
+        mlp = torch.stack([run.mlp_out[layer] for layer in range(len(run.mlp_out))])
+        return mlp if self.skip is None else mlp - self.skip
+
+
+def skip_path(transcoders: dict[int, Any], layer: int, x: torch.Tensor,
+              use: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d]
+    at the positions it replaces the MLP (`use` [P]), or None where it has none."""
+    tc = transcoders.get(layer)
+    w = None if tc is None else skip_weight(tc)
+    if w is None:
+        return None
+    return (x @ w.float().T) * use[:, None].to(x.dtype)
 
 
 def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
@@ -206,6 +231,7 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
     d = run.embed.shape[1]
     errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
     bias = torch.zeros_like(errors)
+    skips = torch.zeros_like(errors)
     feats, acts, pre, writes = [], [], [], []
     use = ~skip
     for layer, tc in sorted(transcoders.items()):
@@ -215,30 +241,38 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
             z = encoder_preacts(tc, x)
             w_dec = tc.W_dec.float()
             b_dec = tc.b_dec.float()
+            s = skip_path(transcoders, layer, x, use)
         pos, idx = torch.nonzero(a, as_tuple=True)  # sorted by position, then feature
         feats.append(torch.stack([torch.full_like(pos, layer), pos, idx], dim=1))
         acts.append(a[pos, idx])
         pre.append(z[pos, idx])
         writes.append(a[pos, idx, None] * w_dec[idx])
         bias[layer, use] = b_dec
-        errors[layer] -= (a @ w_dec) + bias[layer]
+        if s is not None:
+            skips[layer] = s
+        errors[layer] -= (a @ w_dec) + bias[layer] + skips[layer]
+    skips = skips if any(skip_weight(tc) is not None for tc in transcoders.values()) else None
     if not feats:
         empty = torch.zeros(0)
-        return Dictionary(
-            torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d), errors, bias, use
-        )
-    return Dictionary(
-        torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes), errors, bias, use
-    )
+        return Dictionary(torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d),
+                          errors, bias, use, skips)  # fmt: skip
+    return Dictionary(torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes),
+                      errors, bias, use, skips)  # fmt: skip
 
 
 class FrozenModel:
     """The replacement model of one prompt, run on a batch of copies: sources are leaves
-    (embedding and every MLP output), patterns and norm scales the clean run's."""
+    (embedding and every MLP output less its skip path), patterns and norm scales the clean
+    run's; skip transcoders' skip paths (of `transcoders` at the positions `use`) computed live
+    from each MLP's input."""
 
-    def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter) -> None:
+    def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter,
+                 transcoders: dict[int, Any] | None = None,
+                 use: torch.Tensor | None = None) -> None:  # fmt: skip
         self.model, self.tokens, self.run, self.counter = model, tokens, run, counter
         self.n_layers = model.cfg.n_layers
+        self.transcoders = transcoders or {}
+        self.use = torch.ones_like(tokens, dtype=torch.bool) if use is None else use
 
     def forward(self, embed: torch.Tensor, mlp_out: torch.Tensor, through=None):
         """(logits, mlp_in per layer, hook_z per layer) with `embed` [B, P, d] and `mlp_out`
@@ -262,7 +296,12 @@ class FrozenModel:
             return embed.to(act.dtype)
 
         def put_mlp(layer: int):
-            return lambda act, hook: mlp_out[:, layer].to(act.dtype)
+            def fn(act, hook):
+                skip = skip_path(self.transcoders, layer, read[layer], self.use)
+                out = mlp_out[:, layer] if skip is None else mlp_out[:, layer] + skip
+                return out.to(act.dtype)
+
+            return fn
 
         def keep(store: dict, layer: int):
             def fn(act, hook):
@@ -366,8 +405,7 @@ def compute_rows(
     copies of the prompt (`through`: FrozenModel.forward's, the paths through one head)."""
     run, n_rows = frozen.run, len(targets)
     embed = run.embed.expand(n_rows, -1, -1).clone().requires_grad_(True)
-    mlp = torch.stack([run.mlp_out[layer] for layer in range(frozen.n_layers)])
-    mlp = mlp.expand(n_rows, -1, -1, -1).clone().requires_grad_(True)
+    mlp = dic.leaves(run).expand(n_rows, -1, -1, -1).clone().requires_grad_(True)
     with frozen.counter.part(part):
         value, zs = frozen.values(embed, mlp, targets, transcoders, answer, distractor,
                                   through=through)  # fmt: skip
@@ -445,7 +483,7 @@ def build(
     if skip_bos:
         skip[0] = True
     dic = decompose(run, transcoders, skip.to(device))
-    frozen = FrozenModel(model, toks, run, counter)
+    frozen = FrozenModel(model, toks, run, counter, transcoders, dic.use)
     n_f, n_layers, n_pos = len(dic.features), model.cfg.n_layers, len(tokens)
     n_err = n_layers * n_pos
     n = n_f + n_err + n_pos + 1  # columns: every active feature of the prompt
