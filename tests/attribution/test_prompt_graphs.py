@@ -274,6 +274,9 @@ CT_METADATA = ["slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "no
 CT_QPARAMS = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
 
 
+NEURONPEDIA = {0: "tiny/0-tc", 1: "tiny/1-tc"}  # each layer's transcoder's Neuronpedia id
+
+
 def test_graph_file_has_circuit_tracers_fields(setup, graph):
     model, _, tokens = setup
     kinds = graph.kinds()
@@ -281,17 +284,37 @@ def test_graph_file_has_circuit_tracers_fields(setup, graph):
     content = files.graph_file(
         graph, pruned, slug="p-0", scan="tiny", transcoder_list=[], prompt=" ".join(map(str,
         tokens)), prompt_tokens=[str(t) for t in tokens], node_threshold=0.8, answer_text="a",
-        distractor_text="b", answer_prob=0.5, extra={},
+        distractor_text="b", answer_prob=0.5, extra={}, neuronpedia=NEURONPEDIA,
     )  # fmt: skip
     content = json.loads(json.dumps(content))
     assert list(content)[:4] == ["metadata", "qParams", "nodes", "links"]
     assert list(content["metadata"]) == CT_METADATA and content["qParams"] == CT_QPARAMS
     ids = [n["node_id"] for n in content["nodes"]]
-    assert len(ids) == len(set(ids)), "node ids are unique (circuit-tracer's error ids are not)"
+    # Unique but for circuit-tracer's own ambiguity: an error node's id `0_{layer}_{pos}` is
+    # also layer 0's feature `layer` at `pos`.
+    features = {
+        n["node_id"] for n in content["nodes"] if n["feature_type"] != "mlp reconstruction error"
+    }
+    errors = [
+        n["node_id"] for n in content["nodes"] if n["feature_type"] == "mlp reconstruction error"
+    ]
+    assert len(features) + len(set(errors)) == len(ids)
     by_type = {}
     for node in content["nodes"]:
-        assert list(node) == CT_NODE_FIELDS
+        extra = ["circuitflow"] if node["feature_type"] == "cross layer transcoder" else []
+        assert list(node) == CT_NODE_FIELDS + extra
         by_type.setdefault(node["feature_type"], []).append(node)
+    for error in by_type["mlp reconstruction error"]:  # circuit-tracer's Node.error_node
+        layer, pos = int(error["layer"]), error["ctx_idx"]
+        assert (error["node_id"], error["feature"], error["jsNodeId"]) == (
+            f"0_{layer}_{pos}",
+            -1,
+            f"{layer}_{pos}-0",
+        )
+    for node in by_type["cross layer transcoder"]:  # its Neuronpedia page, by its transcoder
+        layer, feat, _ = map(int, node["node_id"].split("_"))
+        page = f"https://www.neuronpedia.org/tiny/{layer}-tc/{feat}"
+        assert node["circuitflow"] == {"neuronpedia": page}
     assert set(by_type) == {"cross layer transcoder", "mlp reconstruction error", "embedding",
                             "logit"}  # fmt: skip
     assert len(by_type["embedding"]) == len(tokens)  # every token, linked or not
@@ -500,3 +523,29 @@ def test_transcoders_at_some_layers_leave_the_other_mlps_whole_and_say_so(
     assert layer_one == {"mlp reconstruction error"}
     assert any(n["feature_type"] == "cross layer transcoder" and str(n["layer"]) == "0"
                for n in graph["nodes"])  # fmt: skip
+
+
+def test_the_scan_names_the_transcoder_set_as_circuit_tracer_does(tmp_path):
+    """metadata.scan: the configured name; else circuit-tracer's own set (a release of its
+    conversion) by its Hugging Face repository, with an empty transcoder_list as
+    circuit-tracer writes a named set; else the model and the transcoders' folders."""
+    from circuitflow.attribution.prompt_graphs.stage import scan_of
+
+    dirs = [tmp_path / f"layer_{layer}" for layer in (0, 1)]
+    config = {"attribution": {"prompt_graph_scan": None}, "model": {"name": "m"}}
+    for d in dirs:
+        d.mkdir()
+    assert scan_of(config, dirs) == ("m", [str(d) for d in dirs])
+    repo = "mwhanna/qwen3-0.6b-transcoders-lowl0"
+    for d in dirs:
+        (d / "metrics.json").write_text(
+            json.dumps({"repo_id": repo, "conversion": "mwhanna_transcoder"})
+        )
+    assert scan_of(config, dirs) == (repo, [])
+    (dirs[1] / "metrics.json").write_text(json.dumps({"repo_id": "other/repo", "conversion": None}))
+    assert scan_of(config, dirs)[0] == "m"  # not one circuit-tracer set
+    for d in dirs:  # a release circuit-tracer names otherwise (Gemma Scope 2's): no guess
+        (d / "metrics.json").write_text(json.dumps({"repo_id": repo, "conversion": "gemma_3"}))
+    assert scan_of(config, dirs)[0] == "m"
+    named = {**config, "attribution": {"prompt_graph_scan": "a-set"}}
+    assert scan_of(named, dirs) == ("a-set", [])
