@@ -60,12 +60,13 @@ def make_tiny_qwen3(root: Path, seed: int = 0) -> Path:
 
 def transcoder_weights(d_model: int, d_sae: int, seed: int, skip: bool) -> dict[str, torch.Tensor]:
     """Random weights of one transcoder (SAELens's orientation: W_enc [d_in, d_sae], W_dec
-    [d_sae, d_out], W_skip [d_out, d_in]); encoder biases around zero so about half fire."""
+    [d_sae, d_out], W_skip [d_out, d_in]); encoder biases below zero so a few features fire a
+    token (a tenth or so: small graphs)."""
     g = torch.Generator().manual_seed(seed)
     w = {
         "W_enc": torch.randn(d_model, d_sae, generator=g) / d_model**0.5,
         "W_dec": torch.randn(d_sae, d_model, generator=g) * 0.2,
-        "b_enc": torch.randn(d_sae, generator=g) * 0.1,
+        "b_enc": torch.randn(d_sae, generator=g) * 0.1 - 1.5,
         "b_dec": torch.randn(d_model, generator=g) * 0.1,
         "threshold": torch.rand(d_sae, generator=g) * 0.1,
     }
@@ -109,3 +110,29 @@ def lay_out_gemma_scope_2(root: Path, model_dir: Path, weights: dict[int, dict])
                    "affine_skip_connection": w["W_skip"].T.contiguous()}  # fmt: skip
         save_file(tensors, folder / "params.safetensors")
     return root
+
+
+# The shared run's transcoders' Neuronpedia ids (as mwhanna-qwen3-* releases name theirs) and
+# the scan its graph files name the set by.
+NEURONPEDIA_ID = "tiny-qwen3/{layer}-transcoder-hp"
+SCAN = "circuitflow-test/tiny-qwen3-transcoders"
+
+
+def published_config(model_dir: Path, release: Path) -> dict:
+    """circuit-tracer's transcoders on the tiny Qwen3 (sae.kind transcoder, published: a local
+    copy of a mwhanna_transcoder release), as config/qwen3-0.6b-transcoders.yaml draws the real
+    ones: one behaviour's per-prompt graphs, its transcoders evaluated by one job."""
+    return {
+        "model": {"name": str(model_dir)},
+        "behaviours": {"ioi": {"source": "ioi", "n_prompts": 8}},
+        "sites": ["mlp_out"],
+        "capture": {"corpus": str(REPO / ".test" / "corpus.txt"), "n_tokens": 1024,
+                    "context_length": 32, "dtype": "float32"},
+        "sae": {"kind": "transcoder", "source": "pretrained", "eval_contexts": 8,
+                "stream": {"layers_per_job": 2},
+                "pretrained": {"path": str(release), "format": "mwhanna_transcoder",
+                               "sae_id": "layer_{layer}.safetensors",
+                               "neuronpedia_id": NEURONPEDIA_ID}},
+        "features": {"n_tokens": 1024},
+        "attribution": {"prompt_graphs": 2, "prompt_graph_scan": SCAN},
+    }  # fmt: skip

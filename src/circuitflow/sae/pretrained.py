@@ -405,7 +405,10 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
 
 def _loaded(d: Dictionary, sae, release: Release | None, revision: str | None = None) -> Loaded:
     """The loaded dictionary in eval mode with its view; the config's Neuronpedia id written
-    into its metadata (it is saved with it)."""
+    into its metadata (it is saved with it). Its weights made contiguous: a conversion may
+    hand one over transposed (mwhanna_transcoder's W_enc), which safetensors cannot save."""
+    for p in sae.parameters():
+        p.data = p.data.contiguous()
     if d.neuronpedia_id:
         sae.cfg.metadata.neuronpedia_id = d.neuronpedia_id
     return Loaded(sae.eval(), cfg_view(sae.cfg.to_dict()), release, revision)

@@ -34,8 +34,16 @@ from circuitflow.nodes import EMBED_HOOK, head_hook, hook_name, mlp_hook
 from circuitflow.perf import PassCounter
 from circuitflow.sae.transcoder import skip_weight
 
-# Held at their clean values: what makes the model linear in the nodes' writes.
+# Held at their clean values: what makes the model linear in the nodes' writes. The norms of
+# queries and keys (Qwen3's, Gemma 3's q_norm and k_norm, whose scale is per head, not per
+# position) feed only the pattern, which is held anyway.
 FROZEN_SUFFIXES = ("hook_pattern", "hook_scale")
+PATTERN_ONLY = (".q_norm.", ".k_norm.")
+
+
+def frozen_hook(name: str) -> bool:
+    """Whether the replacement model holds hook `name` at its clean value."""
+    return name.endswith(FROZEN_SUFFIXES) and not any(p in name for p in PATTERN_ONLY)
 
 
 def logit_target(n_pos: int) -> torch.Tensor:
@@ -166,11 +174,11 @@ def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> Clea
     outs = {mlp_hook(layer): layer for layer in range(n_layers)}
 
     def wanted(name: str) -> bool:
-        return name.endswith(FROZEN_SUFFIXES) or name in ins or name in outs or name == EMBED_HOOK
+        return frozen_hook(name) or name in ins or name in outs or name == EMBED_HOOK
 
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens[None], names_filter=wanted)
-    frozen = {k: v.float() for k, v in cache.items() if k.endswith(FROZEN_SUFFIXES)}
+    frozen = {k: v.float() for k, v in cache.items() if frozen_hook(k)}
     pair = [torch.tensor([t], device=logits.device) for t in (answer, distractor)]
     last = logits[0, -1].float()
     return CleanRun(
