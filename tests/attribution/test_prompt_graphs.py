@@ -126,14 +126,13 @@ def test_a_skip_transcoders_linear_path_is_live_in_the_graph(setup):
     assert linearity_error(graph) < 1e-4 * graph.inputs.abs().max()
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.tensor([tokens]))
-    use = (torch.arange(len(tokens)) > 0).float()[:, None]
-    skips = {layer: cache[hook_name("mlp_in", layer)][0] @ tc.W_skip.T * use
+    skips = {layer: cache[hook_name("mlp_in", layer)][0] @ tc.W_skip.T
              for layer, tc in tcs.items()}  # fmt: skip
     held = {layer: cache[mlp_hook(layer)][0] - skips[layer] for layer in tcs}
     stash = {}
     live = [(hook_name("mlp_in", layer), lambda a, hook, n=layer: stash.update({n: a}))
             for layer in tcs]  # fmt: skip
-    live += [(mlp_hook(layer), lambda a, hook, n=layer: a + stash[n] @ tcs[n].W_skip.T * use)
+    live += [(mlp_hook(layer), lambda a, hook, n=layer: a + stash[n] @ tcs[n].W_skip.T)
              for layer in tcs]  # fmt: skip
     embed = cache[EMBED_HOOK][0]
     target = (-1, len(tokens) - 1, 0)

@@ -116,3 +116,60 @@ def test_prompt_graphs_on_published_transcoders(published_results):
             assert node["node_id"] == f"0_{node['layer']}_{node['ctx_idx']}"
     html = (folder.parent / "prompt_graphs.html").read_text()
     assert "https://www.neuronpedia.org/tiny-qwen3/0-transcoder-hp/" in html
+
+
+@pytest.mark.parametrize(
+    ("saes", "transcoders", "want", "none"),
+    [
+        # Trained SAEs (captured) with published transcoders: capture writes the SAEs' site
+        # alone, train_sae trains them, one published job per transcoder.
+        ("capture", "pretrained", {"capture", "train_sae", "pretrained_sae_mlp_out_layer_0"},
+         {"train_sae_stream", "pretrained_sae_resid_post_layer_0"}),
+        # Published SAEs with streamed transcoders: nothing captured, the stream jobs train
+        # the transcoders alone.
+        ("pretrained", "stream", {"pretrained_sae_resid_post_layer_0",
+                                  "train_sae_stream_mlp_out_layer_0"},
+         {"capture", "train_sae", "pretrained_sae_mlp_out_layer_0"}),
+    ],
+)  # fmt: skip
+def test_saes_and_transcoders_from_different_sources(tmp_path, saes, transcoders, want, none):
+    """sae.kind both with sae.transcoders.source apart from sae.source: each source's rules
+    make its own dictionaries (a dry run of the tiny config), and the per-prompt graphs and
+    attribution run on both."""
+    from helpers.dag import load_test_config, run_snakemake
+    from helpers.dictionaries import build, save
+
+    config = load_test_config("tiny")
+    d_model = config.get("embedded", {}).get("architecture", {}).get("d_model", 64)
+    published = {}
+    for layer in (0, 1):
+        save(build("topk", d_model, f"blocks.{layer}.hook_resid_post", "embedded", k=8),
+             tmp_path / "resid_post" / f"layer_{layer}")  # fmt: skip
+    path = {"path": str(tmp_path / "{site}" / "layer_{layer}")}
+    sae = {**config["sae"], "kind": "both", "source": saes, "transcoders": {"source": transcoders}}
+    if saes == "pretrained":
+        sae["pretrained"] = path
+    else:
+        published = _published_transcoders(tmp_path, d_model)
+        sae["transcoders"] |= published
+    config |= {"sae": sae, "attribution": {"prompt_graphs": 1}}
+    done = run_snakemake(config, tmp_path / "run", "-n", "--quiet", "rules")
+    jobs = {line.split()[0] for line in done.stdout.splitlines() if line[:1].isalpha()}
+    assert want | {"prompt_graphs", "attribution", "transcoder_replacement"} <= jobs, jobs
+    assert not none & jobs, jobs
+
+
+def _published_transcoders(root, d_model: int) -> dict:
+    """A TopK transcoder a layer in SAELens's format (as the default run saves its own), the
+    sae.transcoders keys naming them."""
+    from helpers.transcoders import random_transcoders
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from circuitflow.sae.transcoder import save_transcoder  # noqa: F401 - registers TopK
+
+    cfg = HookedTransformerConfig(n_layers=2, d_model=d_model, n_ctx=8, d_head=8, n_heads=2,
+                                  d_vocab=16, act_fn="gelu", normalization_type="LN")  # fmt: skip
+    for layer, tc in random_transcoders(HookedTransformer(cfg), d_sae=32, k=4).items():
+        tc.cfg.metadata.model_name = "embedded"
+        tc.save_model(root / "mlp_out" / f"layer_{layer}")
+    return {"path": str(root / "mlp_out" / "layer_{layer}")}

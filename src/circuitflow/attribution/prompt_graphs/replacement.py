@@ -213,15 +213,13 @@ class Dictionary:
         return mlp if self.skip is None else mlp - self.skip
 
 
-def skip_path(transcoders: dict[int, Any], layer: int, x: torch.Tensor,
-              use: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
-    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d]
-    at the positions it replaces the MLP (`use` [P]), or None where it has none."""
+def skip_path(transcoders: dict[int, Any], layer: int, x: torch.Tensor) -> torch.Tensor | None:
+    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d],
+    or None where it has none. At every position, BOS included where the features are left out
+    there (skip_bos), as circuit-tracer's replacement model adds it at every position."""
     tc = transcoders.get(layer)
     w = None if tc is None else skip_weight(tc)
-    if w is None:
-        return None
-    return (x @ w.float().T) * use[:, None].to(x.dtype)
+    return None if w is None else x @ w.float().T
 
 
 def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
@@ -232,9 +230,10 @@ def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
 
 
 def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) -> Dictionary:
-    """Each MLP output as its transcoder's active features + decoder bias + error, at the
-    positions not in `skip` (BOS, where the transcoders were not trained: there the whole output
-    is the error node, as the spliced evaluations leave BOS to the real MLP)."""
+    """Each MLP output as its transcoder's active features + decoder bias + skip path + error,
+    at the positions not in `skip` (BOS, where the transcoders were not trained: there the whole
+    output less a skip transcoder's skip path is the error node, as the spliced evaluations
+    leave BOS to the real MLP; circuit-tracer adds the skip path there too)."""
     n_layers = len(run.mlp_out)
     d = run.embed.shape[1]
     errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
@@ -249,7 +248,7 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
             z = encoder_preacts(tc, x)
             w_dec = tc.W_dec.float()
             b_dec = tc.b_dec.float()
-            s = skip_path(transcoders, layer, x, use)
+            s = skip_path(transcoders, layer, x)
         pos, idx = torch.nonzero(a, as_tuple=True)  # sorted by position, then feature
         feats.append(torch.stack([torch.full_like(pos, layer), pos, idx], dim=1))
         acts.append(a[pos, idx])
@@ -271,16 +270,14 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
 class FrozenModel:
     """The replacement model of one prompt, run on a batch of copies: sources are leaves
     (embedding and every MLP output less its skip path), patterns and norm scales the clean
-    run's; skip transcoders' skip paths (of `transcoders` at the positions `use`) computed live
-    from each MLP's input."""
+    run's; skip transcoders' skip paths (of `transcoders`) computed live from each MLP's
+    input."""
 
     def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter,
-                 transcoders: dict[int, Any] | None = None,
-                 use: torch.Tensor | None = None) -> None:  # fmt: skip
+                 transcoders: dict[int, Any] | None = None) -> None:  # fmt: skip
         self.model, self.tokens, self.run, self.counter = model, tokens, run, counter
         self.n_layers = model.cfg.n_layers
         self.transcoders = transcoders or {}
-        self.use = torch.ones_like(tokens, dtype=torch.bool) if use is None else use
 
     def forward(self, embed: torch.Tensor, mlp_out: torch.Tensor, through=None):
         """(logits, mlp_in per layer, hook_z per layer) with `embed` [B, P, d] and `mlp_out`
@@ -305,7 +302,7 @@ class FrozenModel:
 
         def put_mlp(layer: int):
             def fn(act, hook):
-                skip = skip_path(self.transcoders, layer, read[layer], self.use)
+                skip = skip_path(self.transcoders, layer, read[layer])
                 out = mlp_out[:, layer] if skip is None else mlp_out[:, layer] + skip
                 return out.to(act.dtype)
 
@@ -491,7 +488,7 @@ def build(
     if skip_bos:
         skip[0] = True
     dic = decompose(run, transcoders, skip.to(device))
-    frozen = FrozenModel(model, toks, run, counter, transcoders, dic.use)
+    frozen = FrozenModel(model, toks, run, counter, transcoders)
     n_f, n_layers, n_pos = len(dic.features), model.cfg.n_layers, len(tokens)
     n_err = n_layers * n_pos
     n = n_f + n_err + n_pos + 1  # columns: every active feature of the prompt

@@ -54,7 +54,7 @@ def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
                 feats = tc.encode(stash[layer].to(tc.dtype)).float() * masks[layer]
                 feats = feats * dic.use[None, :, None]
                 out = out + feats @ tc.W_dec.float()
-                skip = skip_path(s.transcoders, layer, stash[layer].float(), dic.use)
+                skip = skip_path(s.transcoders, layer, stash[layer].float())
                 out = out if skip is None else out + skip
             return out.to(act.dtype).expand(batch, -1, -1)
 
