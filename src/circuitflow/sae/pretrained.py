@@ -120,18 +120,22 @@ class RunModel:
                     normalization: str | None = None) -> RunModel:  # fmt: skip
         """The config's model; `d_model` where known (None: not checked); `normalization`: its
         norms as loaded (the loaded model's normalization_type; None: as planning reads the
-        config's model)."""
+        config's model, where the config holds its shape; a job's section does not, and its
+        loaded model is checked when a transcoder is adapted to it: adapt_transcoder)."""
         name = str(config["model"]["name"])
         names = {name}
         local = Path(name).expanduser()
         hub = name != "embedded" and not local.exists()
         if not hub and name != "embedded":
             names |= {str(local.resolve()), local.resolve().name}
-        if normalization is None:
+        mlp_in = mlp_input()
+        if normalization is None and (name != "embedded" or "embedded" in config):
             from circuitflow.model.architectures import model_cfg
 
             normalization = model_cfg(dict(config)).normalization_type
-        return cls(name, frozenset(names), d_model, hub, mlp_input(normalization))
+        if normalization is not None:
+            mlp_in = mlp_input(normalization)
+        return cls(name, frozenset(names), d_model, hub, mlp_in)
 
     def matches(self, model_name: str) -> bool:
         """Whether a dictionary made for `model_name` was made for this model: the same name, or
