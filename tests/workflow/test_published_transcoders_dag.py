@@ -118,45 +118,28 @@ def test_prompt_graphs_on_published_transcoders(published_results):
     assert "https://www.neuronpedia.org/tiny-qwen3/0-transcoder-hp/" in html
 
 
-@pytest.mark.parametrize(
-    ("saes", "transcoders", "want", "none"),
-    [
-        # Trained SAEs (captured) with published transcoders: capture writes the SAEs' site
-        # alone, train_sae trains them, one published job per transcoder.
-        ("capture", "pretrained", {"capture", "train_sae", "pretrained_sae_mlp_out_layer_0"},
-         {"train_sae_stream", "pretrained_sae_resid_post_layer_0"}),
-        # Published SAEs with streamed transcoders: nothing captured, the stream jobs train
-        # the transcoders alone.
-        ("pretrained", "stream", {"pretrained_sae_resid_post_layer_0",
-                                  "train_sae_stream_mlp_out_layer_0"},
-         {"capture", "train_sae", "pretrained_sae_mlp_out_layer_0"}),
-    ],
-)  # fmt: skip
-def test_saes_and_transcoders_from_different_sources(tmp_path, saes, transcoders, want, none):
-    """sae.kind both with sae.transcoders.source apart from sae.source: each source's rules
-    make its own dictionaries (a dry run of the tiny config), and the per-prompt graphs and
-    attribution run on both."""
+def test_trained_saes_beside_published_transcoders(tmp_path):
+    """sae.kind both with sae.transcoders.source pretrained beside captured SAEs: capture and
+    train_sae make the SAEs alone, one published job each transcoder, and the per-prompt graphs
+    and attribution run on both (a dry run of the tiny config; the other combinations' parts:
+    tests/test_dictionary_sources.py)."""
     from helpers.dag import load_test_config, run_snakemake
-    from helpers.dictionaries import build, save
 
     config = load_test_config("tiny")
-    d_model = config.get("embedded", {}).get("architecture", {}).get("d_model", 64)
-    published = {}
-    for layer in (0, 1):
-        save(build("topk", d_model, f"blocks.{layer}.hook_resid_post", "embedded", k=8),
-             tmp_path / "resid_post" / f"layer_{layer}")  # fmt: skip
-    path = {"path": str(tmp_path / "{site}" / "layer_{layer}")}
-    sae = {**config["sae"], "kind": "both", "source": saes, "transcoders": {"source": transcoders}}
-    if saes == "pretrained":
-        sae["pretrained"] = path
-    else:
-        published = _published_transcoders(tmp_path, d_model)
-        sae["transcoders"] |= published
-    config |= {"sae": sae, "attribution": {"prompt_graphs": 1}}
+    sae = {
+        **config["sae"],
+        "kind": "both",
+        "source": "capture",
+        "transcoders": {"source": "pretrained", **_published_transcoders(tmp_path, 64)},
+    }
+    config |= {"sae": sae, "attribution": {"prompt_graphs": 1}}  # fmt: skip
     done = run_snakemake(config, tmp_path / "run", "-n", "--quiet", "rules")
-    jobs = {line.split()[0] for line in done.stdout.splitlines() if line[:1].isalpha()}
-    assert want | {"prompt_graphs", "attribution", "transcoder_replacement"} <= jobs, jobs
-    assert not none & jobs, jobs
+    rows = [line.split() for line in done.stdout.splitlines() if line[:1].isalpha()]
+    counts = {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}
+    assert counts["train_sae"] == 2 and counts["capture"] == 1, counts  # the SAEs' site alone
+    assert {"pretrained_sae_mlp_out_layer_0", "pretrained_sae_mlp_out_layer_1"} <= counts.keys()
+    assert {"prompt_graphs", "attribution", "transcoder_replacement"} <= counts.keys(), counts
+    assert not {"train_sae_stream", "pretrained_sae_resid_post_layer_0"} & counts.keys()
 
 
 def _published_transcoders(root, d_model: int) -> dict:
