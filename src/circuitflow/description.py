@@ -17,8 +17,10 @@ description is not kept: the jobs are planned again after the prefetch, at the w
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from circuitflow import dictionary_sources, published
@@ -61,6 +63,9 @@ class Dictionary:
     kind: str  # sae or transcoder (sites.dictionary_kind)
     width: int  # its latents (d_sae)
     width_from: str  # where the width came from, in words
+    # Latents planned active a token: a TopK's k, else twice the L0 it is steered to or
+    # published with (a published one's own where its config or release says).
+    active: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,28 @@ def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[i
     return (width, where) if isinstance(width, int) else None
 
 
+def trained_active(sae: Mapping[str, Any]) -> int:
+    """Latents a token of a dictionary trained here is planned with: sae.k (TopK, BatchTopK),
+    else twice sae.target_l0 (the controller steers the mean, not each token's)."""
+    return sae["k"] if sae["architecture"] in ("topk", "batchtopk") else 2 * sae["target_l0"]
+
+
+def published_active(config: Mapping[str, Any], site: str, layer: int) -> int | None:
+    """A published dictionary's latents a token, planned: its config's k (a TopK's), else
+    twice the L0 its release lists (SAELens's directory: Gemma Scope 2's), else None."""
+    try:
+        d = published.dictionary_for(config, site, layer)
+        if d.path is not None and not d.converted:
+            cfg = json.loads((Path(d.path) / published.CFG_FILE).read_text())
+            return int(cfg["k"]) if isinstance(cfg.get("k"), int) else None
+        if d.release is not None:
+            l0 = published.resolve_release(d.release, d.sae_id).published.get("l0")
+            return math.ceil(2 * l0) if l0 else None
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
 def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictionary, ...], bool]:
     sae = config["sae"]
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
@@ -159,7 +186,7 @@ def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictio
             "sae.pretrained"
         )
         for layer in config["layers"]:
-            width, where = trained, how
+            width, where, active = trained, how, trained_active(sae)
             if published_source:
                 read = published_width(config, site, int(layer))
                 if read is None:
@@ -167,7 +194,9 @@ def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictio
                     where = f"{how} (its cfg.json not readable yet: planned at the config's)"
                 else:
                     width, where = read
-            found.append(Dictionary(site, int(layer), dictionary_kind(config, site), width, where))
+                active = published_active(config, site, int(layer)) or active
+            kind = dictionary_kind(config, site)
+            found.append(Dictionary(site, int(layer), kind, width, where, min(active, width)))
     return tuple(found), known
 
 
