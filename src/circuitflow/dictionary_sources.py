@@ -182,8 +182,9 @@ def get(config: dict) -> DictionarySource:
 def transcoders_apart(config: dict) -> bool:
     """Whether sae.kind both takes its transcoders from sae.transcoders (their source, and
     where published which ones), apart from the SAEs' sae.source and sae.pretrained."""
-    apart = (config["sae"].get("transcoders") or {}).get("source")
-    return config["sae"]["kind"] == "both" and apart is not None
+    sae = config["sae"]  # a job's section may hold only what it reads: nothing apart there
+    apart = (sae.get("transcoders") or {}).get("source")
+    return sae.get("kind") == "both" and apart is not None
 
 
 def source_of(config: dict, site: str) -> DictionarySource:
