@@ -383,9 +383,9 @@ class Suite:
         from circuitflow.sae.architectures import build_training_sae
         from circuitflow.sae.config import SAETrainConfig
         from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
-        from circuitflow.sae.fast import build_trainer
         from circuitflow.sae.stage import memory_estimate
         from circuitflow.sae.trainer import trainer_config
+        from circuitflow.sae.trainers import build_trainer
 
         sizes = self.sizes
         info = read_activation_info(path)
@@ -434,7 +434,7 @@ class Suite:
             stage="sae_train",
             variant=variant,
             architecture=cfg.architecture,
-            trainer="fast" if cfg.uses_fast_trainer() else "saelens",
+            trainer=cfg.trainer_on(self.device),
             d_in=info.d_in,
             d_sae=d_sae,
             k=cfg.k,

@@ -1,25 +1,44 @@
-"""SAE training: the fast trainer (sae.fast) against SAELens's trainer, side by side.
+"""SAE training: the gpu trainer (sae.stacked), the fast trainer (sae.fast), SAELens's trainer and
+EleutherAI's sparsify, side by side on the same tokens.
 
     python benchmarks/sae_train.py --sizes gpt2 --device cpu \
-        --json benchmarks/results/sae_train-cpu.json  # 6 CPU-minutes; 16 min wall at load 10
+        --json benchmarks/results/sae_train-cpu.json     # CPU: ~20 CPU-minutes on 2 cores
     python benchmarks/sae_train.py --sizes gpt2 --device cuda \
-        --json benchmarks/results/sae_train-cuda.json         # batch 4096, bf16 autocast
-    python benchmarks/sae_train.py --sizes small            # a quick check
+        --json benchmarks/results/sae_train-cuda.json    # batch 4096, bf16 (make bench-gpu)
+    python benchmarks/sae_train.py --sizes small --rounds 1     # a quick check
 
-For each size, both trainers train the same TopK SAE config (the stage's: `build_trainer` with
-`sae.trainer` fast or saelens, ActivationStream over one HDF5 file, the same seed, so the same
-initialisation and batches) for the same steps. A latent counts as dead after
-`--dead-window-steps` silent steps, so the AuxK loss is on for most steps, as in the steady state
-of a long run. Rounds alternate which trainer goes first; shared machines are noisy, so the
-speed-up reported is the median of the per-round ratios (wall clock; CPU time beside it).
+For each size, the stage's trainers (`build_trainer` with `sae.trainer` gpu, fast or saelens,
+ActivationStream over one HDF5 file, the same seed, so the same initialisation and batches)
+train the same TopK SAE config for the same steps. A latent counts as dead after
+`--dead-window-steps` silent steps, so the AuxK loss is on for most steps, as in the steady
+state of a long run. Rounds alternate the order of the trainers; shared machines are noisy, so
+each speed-up is the median of the per-round ratios. `--trainers` picks which run.
 
-Quality: each trained SAE is saved in SAELens's format, reloaded with SAE.load_from_disk and
-measured on 2,048 held-out activations: explained variance (`explained_variance_delta` = SAELens's
-minus the fast trainer's), L0 and the stage's dead fraction. The activations are sparse sums of
-random directions plus noise, so a good SAE has something to find.
+sparsify (`eai-sparsify` from PyPI, installed in the benchmark's environment only: `pip install
+--no-deps --target DIR eai-sparsify natsort schedulefree` and DIR on PYTHONPATH, the rest of its
+requirements being circuitflow's) trains its SparseCoder (TopK, the same width and k) with its
+trainer's SAE step: FVU + AuxK (alpha 1/32, its dead-latent rule in tokens, the same window),
+gradients parallel to the decoder rows removed, Adam at its learning rate, unit-norm decoder
+rows; on the same batches (raw: its loss is scale-free), bf16 autocast on CUDA as it does. Its
+trainer's own loop also runs the model: only the SAE step is timed here. Where it is not
+installed the JSON says so (`sparsify.skipped`).
 
-The roofline is the dense work SAELens's step does (12 d_in d_sae FLOPs per token) at the
-measured peak matmul rate; the fast trainer skips most of that work, so it can pass 1.
+Timing: on CUDA two events (after the first step, after the last), so nothing is synchronised
+per step; on CPU the wall clock (and the process's CPU time) between the same two points.
+Every figure is written to `--json` as soon as it is measured.
+
+Quality: each trained SAE is saved in SAELens's format and reloaded (sparsify's is read through
+its own encode/decode), and measured on 2,048 held-out activations: explained variance (the
+deltas are SAELens's minus each trainer's), L0 and the stage's dead fraction. The activations
+are sparse sums of random directions plus noise, so a good SAE has something to find.
+
+Roofline: the dense work SAELens's step does (12 d_in d_sae FLOPs per token) against the peak
+of the dtype the step computes in (bf16 under autocast; float32, TF32 where enabled), measured
+on a matmul of the step's shape ([batch, d_in] x [d_in, d_sae]). The gpu step's own count
+(`gpu_step_flops_per_token`: 10 d_in d_sae, 16 with AuxK) gives its share of that peak.
+
+`--profile-steps N`: N steady-state steps of each of our trainers under torch.profiler: kernels
+launched (CUDA) or aten ops run (CPU) per step, FLOPs per step, and the top ops by time.
 """
 
 from __future__ import annotations
@@ -32,6 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,18 +62,16 @@ import torch  # noqa: E402
 
 from circuitflow.capture.files import read_activation_info, write_activation_file  # noqa: E402
 from circuitflow.io import write_json  # noqa: E402
-from circuitflow.perf import (  # noqa: E402
-    measured_peak_flops,
-    sae_training_flops_per_token,
-    synchronize,
-)
+from circuitflow.perf import sae_training_flops_per_token, synchronize  # noqa: E402
 from circuitflow.sae.architectures import build_training_sae  # noqa: E402
 from circuitflow.sae.config import SAETrainConfig  # noqa: E402
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig  # noqa: E402
-from circuitflow.sae.fast import build_trainer  # noqa: E402
 from circuitflow.sae.trainer import trainer_config  # noqa: E402
+from circuitflow.sae.trainer_choice import Choice  # noqa: E402
+from circuitflow.sae.trainers import build_trainer  # noqa: E402
 
-TRAINERS = ("fast", "saelens")
+OURS = ("gpu", "fast", "saelens")
+TRAINERS = (*OURS, "sparsify")
 
 
 @dataclass(frozen=True)
@@ -61,7 +79,7 @@ class Size:
     d_in: int
     expansion: int
     k: int
-    # Steps and rounds by device: enough for steady rates, within ~15 minutes on 2 CPU cores.
+    # Steps and rounds by device: enough for steady rates, within ~20 minutes on 2 CPU cores.
     cpu_steps: int
     cpu_rounds: int
     gpu_steps: int = 200
@@ -70,6 +88,7 @@ class Size:
 
 SIZES = {
     "small": Size(d_in=64, expansion=8, k=16, cpu_steps=100, cpu_rounds=4),
+    "cpu": Size(d_in=256, expansion=16, k=32, cpu_steps=20, cpu_rounds=3),
     "gpt2": Size(d_in=768, expansion=32, k=32, cpu_steps=8, cpu_rounds=3),  # GPT-2 small's
 }
 
@@ -106,146 +125,328 @@ def write_file(path: Path, acts: np.ndarray) -> None:
     write_activation_file(path, acts, np.zeros(len(acts), np.int32), attrs)
 
 
+# --- timing ---------------------------------------------------------------------------------------
+class Clock:
+    """Time from the end of the first step to the end of the last: CUDA events (no
+    synchronisation until `seconds`), else the wall clock and this process's CPU time."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append((time.perf_counter(), time.process_time()))
+
+    def seconds(self) -> tuple[float, float | None]:
+        """(wall seconds, CPU seconds or None on CUDA) between the two marks."""
+        first, last = self.marks[0], self.marks[-1]
+        if self.cuda:
+            last.synchronize()
+            return first.elapsed_time(last) / 1000, None
+        return last[0] - first[0], last[1] - first[1]
+
+
 # --- one training run -----------------------------------------------------------------------------
 @dataclass
 class Run:
-    tokens_per_s: float  # wall clock, steps after the first
-    cpu_tokens_per_s: float  # this process's CPU time (all threads), the same steps
+    tokens_per_s: float  # steps after the first
+    cpu_tokens_per_s: float | None  # this process's CPU time (all threads), the same steps
     explained_variance: float
     l0: float
     dead_fraction: float
 
 
 def train_one(trainer: str, cfg: SAETrainConfig, path: Path, held_out: torch.Tensor, args) -> Run:
-    """Train with `trainer` as the stage would, save and reload the SAE, measure it."""
-    from sae_lens import SAE
-
+    """Train with `trainer` (ours as the stage would, or sparsify), measure the result."""
     info = read_activation_info(path)
-    tcfg = dataclasses.replace(
-        trainer_config(cfg, info, args.device),
-        n_batches_for_norm_estimate=4,
-        dead_feature_window=args.dead_window_steps,
-    )
-    stamps: list[tuple[float, float]] = []
-
-    def after_step(_trainer) -> None:
-        synchronize(args.device)
-        stamps.append((time.perf_counter(), time.process_time()))
-
+    steps = cfg.total_tokens // int(cfg.batch_size)
+    clock = Clock(args.device)
     torch.manual_seed(cfg.seed)
     stream_cfg = ActivationStreamConfig(
         batch_size=int(cfg.batch_size), seed=cfg.seed, device=args.device
     )
     with ActivationStream(info, stream_cfg) as stream:
-        sae = build_training_sae(cfg, info.d_in, info.hook_name, args.device)
-        tr = build_trainer(cfg, tcfg, sae, stream, after_step=after_step)
-        tr.fit()
-    (t0, c0), (t1, c1) = stamps[0], stamps[-1]  # the first step (lazy state, kernels) left out
-    tokens = (len(stamps) - 1) * int(cfg.batch_size)
+        if trainer == "sparsify":
+            encode, dead = train_sparsify(cfg, info.d_in, stream, steps, clock, args)
+        else:
+            encode, dead = train_ours(trainer, cfg, info, stream, steps, clock, args)
+    wall, cpu = clock.seconds()
+    tokens = (steps - 1) * int(cfg.batch_size)  # the steps between the two marks
+    ev, l0 = explained_variance(encode, held_out.to(args.device))
+    return Run(tokens / wall, tokens / cpu if cpu else None, ev, l0, dead)
+
+
+def train_ours(trainer: str, cfg, info, stream, steps: int, clock: Clock, args):
+    from sae_lens import SAE
+
+    tcfg = dataclasses.replace(
+        trainer_config(cfg, info, args.device),
+        n_batches_for_norm_estimate=4,
+        dead_feature_window=args.dead_window_steps,
+    )
+    marked = {0, steps - 1}
+
+    def after_step(tr) -> None:
+        if tr.n_training_steps in marked:
+            clock.mark()
+
+    sae = build_training_sae(cfg, info.d_in, info.hook_name, args.device)
+    choice = Choice(trainer, "benchmark", "")
+    tr = build_trainer(cfg, tcfg, sae, stream, after_step=after_step, choice=choice)
+    tr.fit()
     dead = (tr.n_forward_passes_since_fired >= args.dead_window_steps).float().mean().item()
     with tempfile.TemporaryDirectory() as tmp:
         tr.sae.save_inference_model(tmp)
         saved = SAE.load_from_disk(tmp, device=args.device)
-    ev, l0 = explained_variance(saved, held_out.to(args.device))
-    return Run(tokens / (t1 - t0), tokens / max(c1 - c0, 1e-9), ev, l0, dead)
+    return (lambda rows: saved.decode(saved.encode(rows)), saved.encode), dead
+
+
+def train_sparsify(cfg, d_in: int, stream, steps: int, clock: Clock, args):
+    """sparsify's trainer's SAE step (see the module's doc) for `steps` batches of `stream`."""
+    from sparsify import SparseCoder, SparseCoderConfig
+
+    sae = SparseCoder(d_in, SparseCoderConfig(expansion_factor=cfg.expansion_factor, k=cfg.k),
+                      device=args.device, dtype=torch.float32)  # fmt: skip
+    lr = 2e-4 / (sae.num_latents / 2**14) ** 0.5  # its trainer's Adam learning rate
+    opt = torch.optim.Adam(sae.parameters(), lr=lr)
+    since_fired = torch.zeros(sae.num_latents, dtype=torch.long, device=args.device)
+    threshold = args.dead_window_steps * int(cfg.batch_size)  # in tokens, as sparsify counts
+    for step in range(steps):
+        x = next(stream)
+        out = sae(x, dead_mask=since_fired > threshold)
+        (out.fvu + out.auxk_loss / 32).backward()
+        sae.remove_gradient_parallel_to_decoder_directions()
+        opt.step()
+        opt.zero_grad()
+        sae.set_decoder_norm_to_unit_norm()
+        fired = torch.zeros_like(since_fired, dtype=torch.bool)
+        fired[out.latent_indices.flatten()] = True
+        since_fired += len(x)
+        since_fired[fired] = 0
+        if step in (0, steps - 1):
+            clock.mark()
+    dead = (since_fired >= threshold).float().mean().item()
+
+    def decode(rows: torch.Tensor) -> torch.Tensor:
+        return sae(rows).sae_out.float()
+
+    def encode(rows: torch.Tensor) -> torch.Tensor:
+        acts, idx, _ = sae.encode(rows)
+        return torch.zeros(len(rows), sae.num_latents, device=rows.device).scatter_(
+            1, idx, acts.float()
+        )
+
+    return (decode, encode), dead
 
 
 @torch.no_grad()
-def explained_variance(sae, x: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
+def explained_variance(fns, x: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
     """1 - squared error / total variance about the mean (float64 sums), and the mean L0."""
+    reconstruct, encode = fns
     err = l0 = 0.0
     for start in range(0, len(x), batch):
         rows = x[start : start + batch]
-        feats = sae.encode(rows)
-        err += (sae.decode(feats) - rows).double().pow(2).sum().item()
-        l0 += (feats != 0).sum().item()
+        err += (reconstruct(rows) - rows).double().pow(2).sum().item()
+        l0 += (encode(rows) != 0).sum().item()
     xd = x.double()
     total = (xd - xd.mean(0)).pow(2).sum().item()
     return 1.0 - err / total, l0 / len(x)
 
 
-# --- one size, both trainers ----------------------------------------------------------------------
-def bench(name: str, args, peak: float, tmp: Path) -> dict:
+def sparsify_missing() -> str | None:
+    try:
+        import sparsify  # noqa: F401
+    except ImportError as err:
+        return (
+            f"eai-sparsify is not installed in this environment ({err}): pip install --no-deps "
+            "--target DIR eai-sparsify natsort schedulefree, DIR on PYTHONPATH"
+        )
+    return None
+
+
+# --- the peak of the dtype used -------------------------------------------------------------------
+def compute_dtype(device: str, autocast: bool) -> str:
+    if autocast:
+        return "bfloat16"
+    tf32 = device.startswith("cuda") and torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if tf32 else "float32"
+
+
+def matmul_rate(device: str, dtype: str, m: int, k: int, n: int, reps: int = 10) -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul in `dtype` (the best of 3 rounds; CUDA events)."""
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    a = torch.randn(m, k, device=device, dtype=torch_dtype)
+    b = torch.randn(k, n, device=device, dtype=torch_dtype)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        clock = Clock(device)
+        synchronize(device)
+        clock.mark()
+        for _ in range(reps):
+            a @ b
+        clock.mark()
+        best = max(best, 2 * m * k * n * reps / clock.seconds()[0])
+    return best
+
+
+def gpu_step_flops_per_token(d_in: int, d_sae: int, aux: bool) -> float:
+    """The gpu step's dense products a token: the encoder, the decoder, W_dec's gradient, the
+    selected weights' gradient and W_enc's (5 of 2 d_in d_sae); AuxK adds its decoder, its
+    W_dec gradient and its weights' gradient (3 more)."""
+    return (16 if aux else 10) * d_in * d_sae
+
+
+# --- profile --------------------------------------------------------------------------------------
+def profile(trainer: str, cfg, path: Path, args) -> dict:
+    """`args.profile_steps` steady-state steps of `trainer` under torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    info = read_activation_info(path)
+    tcfg = dataclasses.replace(
+        trainer_config(cfg, info, args.device), n_batches_for_norm_estimate=1,
+        dead_feature_window=args.dead_window_steps,
+    )  # fmt: skip
+    n = args.profile_steps
+    stream_cfg = ActivationStreamConfig(batch_size=int(cfg.batch_size), device=args.device)
+    with ActivationStream(info, stream_cfg) as stream:
+        sae = build_training_sae(cfg, info.d_in, info.hook_name, args.device)
+        tr = build_trainer(cfg, tcfg, sae, stream, choice=Choice(trainer, "benchmark", ""))
+        batches = [next(stream) for _ in range(args.dead_window_steps + 2 + n)]
+        for b in batches[:-n]:  # latents die: AuxK on, as in the steady state
+            tr.step(b)
+        synchronize(args.device)
+        cuda = args.device.startswith("cuda")
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with torch_profile(activities=acts, with_flops=True) as prof:
+            for b in batches[-n:]:
+                tr.step(b)
+            synchronize(args.device)
+    events = prof.key_averages()
+    if cuda:
+        kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+    else:
+        kernels = sum(e.count for e in events if e.key.startswith("aten::"))
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:12]
+    return {
+        "steps": n,
+        "kernels_per_step" if cuda else "aten_ops_per_step": kernels / n,
+        "flops_per_step": sum(e.flops for e in events) / n,
+        "top_ops": [
+            {"op": e.key, "calls_per_step": e.count / n, "ms_per_step": getattr(e, key) / 1000 / n}
+            for e in top
+        ],  # fmt: skip
+    }
+
+
+# --- one size, every trainer ----------------------------------------------------------------------
+def bench(name: str, args, out: dict, save: Callable[[], None], tmp: Path) -> dict:
     size = SIZES[name]
     gpu = args.device.startswith("cuda")
     steps = args.steps or (size.gpu_steps if gpu else size.cpu_steps)
     rounds = args.rounds or (size.gpu_rounds if gpu else size.cpu_rounds)
     autocast = {"on": True, "off": False, "auto": gpu}[args.autocast]
-    batch = args.batch
-    n_rows = max(8 * batch, 65_536)
+    batch, d_sae = args.batch, size.d_in * size.expansion
     path = tmp / f"{name}.h5"
-    write_file(path, structured_activations(n_rows, size.d_in, seed=0))
+    write_file(path, structured_activations(max(8 * batch, 65_536), size.d_in, seed=0))
     held_out = torch.from_numpy(structured_activations(2048, size.d_in, seed=1)).float()
-    cfg = SAETrainConfig(
-        architecture="topk",
-        expansion_factor=size.expansion,
-        k=size.k,
-        batch_size=batch,
-        total_tokens=steps * batch,
-        autocast=autocast,
-        device=args.device,
-    )
-    runs: dict[str, list[Run]] = {t: [] for t in TRAINERS}
-    order = []
-    for r in range(rounds):
-        first = TRAINERS if r % 2 == 0 else TRAINERS[::-1]
-        order.append(first[0])
-        for trainer in first:
-            run = train_one(
-                trainer, dataclasses.replace(cfg, trainer=trainer), path, held_out, args
-            )
-            runs[trainer].append(run)
-            print(f"  {name} round {r} {trainer:7s}: {run.tokens_per_s:12,.0f} tok/s", flush=True)
-    fast, ref = runs["fast"], runs["saelens"]
-    ratios = [f.tokens_per_s / s.tokens_per_s for f, s in zip(fast, ref, strict=True)]
-    cpu_ratios = [f.cpu_tokens_per_s / s.cpu_tokens_per_s for f, s in zip(fast, ref, strict=True)]
-    d_sae = size.d_in * size.expansion
-    roofline = peak / sae_training_flops_per_token(size.d_in, d_sae)
-
-    def med(xs, key):
-        return statistics.median(getattr(x, key) for x in xs)
-
+    cfg = SAETrainConfig(architecture="topk", expansion_factor=size.expansion, k=size.k,
+                         batch_size=batch, total_tokens=steps * batch, autocast=autocast,
+                         device=args.device)  # fmt: skip
+    dtype = compute_dtype(args.device, autocast)
+    peak = matmul_rate(args.device, dtype, batch, size.d_in, d_sae)
+    dense = sae_training_flops_per_token(size.d_in, d_sae)
     result = {
-        "d_in": size.d_in,
-        "d_sae": d_sae,
-        "k": size.k,
-        "batch_size": batch,
-        "steps": steps,
-        "rounds": rounds,
-        "dead_window_steps": args.dead_window_steps,
-        "autocast": autocast,
-        "first_in_round": order,
-        "fast_tokens_per_s": med(fast, "tokens_per_s"),
-        "saelens_tokens_per_s": med(ref, "tokens_per_s"),
-        "speedup_vs_saelens": statistics.median(ratios),
-        "speedup_per_round": ratios,
-        "speedup_by_cpu_time": statistics.median(cpu_ratios),
-        "speedup_by_cpu_time_per_round": cpu_ratios,
-        "explained_variance": {"fast": med(fast, "explained_variance"),
-                               "saelens": med(ref, "explained_variance")},
-        "explained_variance_delta": statistics.median(
-            s.explained_variance - f.explained_variance for f, s in zip(fast, ref, strict=True)
-        ),
-        "dead_fraction": {"fast": med(fast, "dead_fraction"), "saelens": med(ref, "dead_fraction")},
-        "l0": {"fast": med(fast, "l0"), "saelens": med(ref, "l0")},
-        "roofline_tokens_per_s": roofline,
-        "fast_share_of_roofline": med(fast, "tokens_per_s") / roofline,
-        "saelens_share_of_roofline": med(ref, "tokens_per_s") / roofline,
+        "d_in": size.d_in, "d_sae": d_sae, "k": size.k, "batch_size": batch, "steps": steps,
+        "rounds": rounds, "dead_window_steps": args.dead_window_steps, "autocast": autocast,
+        "compute_dtype": dtype, "peak_flops_at_step_shape": peak,
+        "roofline_tokens_per_s": peak / dense,
+        "gpu_step_flops_per_token": gpu_step_flops_per_token(size.d_in, d_sae, aux=True),
+        "first_in_round": [], "runs": {t: [] for t in args.trainers},
     }  # fmt: skip
-    print(
-        f"{name:6s} d_in={size.d_in} d_sae={d_sae} k={size.k} batch={batch} steps={steps} "
-        f"autocast={autocast}: fast {result['fast_tokens_per_s']:,.0f} tok/s | SAELens "
-        f"{result['saelens_tokens_per_s']:,.0f} tok/s | speed-up {result['speedup_vs_saelens']:.2f}"
-        f" (rounds {' '.join(f'{x:.2f}' for x in ratios)}; by CPU time "
-        f"{result['speedup_by_cpu_time']:.2f}) | EV fast "
-        f"{result['explained_variance']['fast']:.4f} SAELens "
-        f"{result['explained_variance']['saelens']:.4f} (delta "
-        f"{result['explained_variance_delta']:+.4f}) | dead fast "
-        f"{result['dead_fraction']['fast']:.4f} SAELens {result['dead_fraction']['saelens']:.4f}"
-        f" | fast/roofline {result['fast_share_of_roofline']:.3f}",
-        flush=True,
-    )
+    out["sizes"][name] = result
+    missing = sparsify_missing() if "sparsify" in args.trainers else None
+    trainers = [t for t in args.trainers if not (t == "sparsify" and missing)]
+    if missing:
+        result["sparsify"] = {"skipped": missing}
+    runs: dict[str, list[Run]] = {t: [] for t in trainers}
+    for r in range(rounds):
+        order = trainers[r % len(trainers) :] + trainers[: r % len(trainers)]
+        result["first_in_round"].append(order[0])
+        for trainer in order:
+            run = train_one(trainer, cfg, path, held_out, args)
+            runs[trainer].append(run)
+            result["runs"][trainer].append(dataclasses.asdict(run))
+            summarise(result, runs, dense)
+            save()
+            print(f"  {name} round {r} {trainer:8s}: {run.tokens_per_s:12,.0f} tok/s, EV "
+                  f"{run.explained_variance:.4f}", flush=True)  # fmt: skip
+    if args.profile_steps:
+        result["profile"] = {}
+        for trainer in (t for t in OURS if t in trainers):
+            result["profile"][trainer] = profile(trainer, cfg, path, args)
+            save()
+    print_line(name, result)
     return result
+
+
+def summarise(result: dict, runs: dict[str, list[Run]], dense: float) -> None:
+    """Each trainer's medians, its speed-up over SAELens's (median of per-round ratios), its
+    explained variance below SAELens's and its share of the dtype's roofline, from the rounds
+    run so far (`{trainer}_tokens_per_s` are the keys sae.trainers' auto choice reads)."""
+    ref = runs.get("saelens", [])
+    for t, rs in runs.items():
+        if not rs:
+            continue
+        rate = statistics.median(r.tokens_per_s for r in rs)
+        result[f"{t}_tokens_per_s"] = rate
+        result.setdefault("explained_variance", {})[t] = statistics.median(
+            r.explained_variance for r in rs
+        )
+        result.setdefault("l0", {})[t] = statistics.median(r.l0 for r in rs)
+        result.setdefault("dead_fraction", {})[t] = statistics.median(r.dead_fraction for r in rs)
+        result[f"{t}_share_of_roofline"] = rate / result["roofline_tokens_per_s"]
+        pairs = list(zip(rs, ref, strict=False))
+        if t != "saelens" and pairs:
+            ratios = [a.tokens_per_s / b.tokens_per_s for a, b in pairs]
+            result[f"{t}_speedup_vs_saelens"] = statistics.median(ratios)
+            result[f"{t}_speedup_per_round"] = ratios
+            if all(a.cpu_tokens_per_s for a, _ in pairs):
+                result[f"{t}_speedup_by_cpu_time"] = statistics.median(
+                    a.cpu_tokens_per_s / b.cpu_tokens_per_s for a, b in pairs
+                )
+            result[f"{t}_explained_variance_delta"] = statistics.median(
+                b.explained_variance - a.explained_variance for a, b in pairs
+            )
+    if "gpu_tokens_per_s" in result:
+        flops = result["gpu_step_flops_per_token"] * result["gpu_tokens_per_s"]
+        result["gpu_step_share_of_peak_by_own_flops"] = flops / result["peak_flops_at_step_shape"]
+    # The keys benchmarks/measure.py's screen reads: the fast trainer's, as before.
+    for key in ("speedup_vs_saelens", "explained_variance_delta"):
+        if f"fast_{key}" in result:
+            result[key] = result[f"fast_{key}"]
+
+
+def print_line(name: str, r: dict) -> None:
+    parts = [
+        f"{name}: d_in={r['d_in']} d_sae={r['d_sae']} k={r['k']} batch={r['batch_size']} "
+        f"steps={r['steps']} {r['compute_dtype']} peak {r['peak_flops_at_step_shape']:.3g}"
+    ]
+    for t in TRAINERS:
+        if f"{t}_tokens_per_s" in r:
+            speedup = r.get(f"{t}_speedup_vs_saelens", 1.0)
+            parts.append(
+                f"{t} {r[f'{t}_tokens_per_s']:,.0f} tok/s ({speedup:.2f}x SAELens, EV "
+                f"{r['explained_variance'][t]:.4f}, {r[f'{t}_share_of_roofline']:.3f} of roofline)"
+            )
+    print(" | ".join(parts), flush=True)
 
 
 def device_info(device: str) -> dict:
@@ -279,6 +480,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--sizes", nargs="+", default=["small", "gpt2"], choices=list(SIZES))
+    p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, help="steps per run (default: by size and device)")
     p.add_argument("--rounds", type=int, help="rounds per size (default: by size and device)")
@@ -286,42 +488,47 @@ def main() -> None:
     p.add_argument("--dead-window-steps", type=int, default=4)
     p.add_argument(
         "--autocast", choices=["auto", "on", "off"], default="auto",
-        help="bf16 autocast for both trainers (auto: on for CUDA)",
+        help="bf16 autocast for every trainer (auto: on for CUDA)",
     )  # fmt: skip
+    p.add_argument("--profile-steps", type=int, default=0, help="profile N steps per trainer")
     p.add_argument("--threads", type=int)
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--json", type=Path, help="write the results here (as they are measured)")
     args = p.parse_args()
     if args.batch is None:
         args.batch = 4096 if args.device.startswith("cuda") else 1024
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # as the stages run (devices.enable_fast_math)
     t_start = time.perf_counter()
-    peak = measured_peak_flops(args.device)
-    print(f"device={args.device} threads={torch.get_num_threads()} peak matmul "
-          f"{peak / 1e9:,.1f} GFLOP/s", flush=True)  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        results = {name: bench(name, args, peak, Path(tmp)) for name in args.sizes}
-    headline = "gpt2" if "gpt2" in results else args.sizes[-1]
+    headline = "gpt2" if "gpt2" in args.sizes else args.sizes[-1]
     out = {
         "benchmark": "sae_train",
         "command": "python benchmarks/sae_train.py " + " ".join(sys.argv[1:]),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": device_info(args.device),
-        "peak_matmul_flops": peak,
         "headline_size": headline,
-        "speedup_vs_saelens": results[headline]["speedup_vs_saelens"],
-        "explained_variance_delta": results[headline]["explained_variance_delta"],
-        "fast_tokens_per_s": results[headline]["fast_tokens_per_s"],
-        "saelens_tokens_per_s": results[headline]["saelens_tokens_per_s"],
         "device": args.device,
-        "steps": results[headline]["steps"],
-        "sizes": results,
-        "seconds": time.perf_counter() - t_start,
+        "sizes": {},
     }
+
+    def save() -> None:
+        head = out["sizes"].get(headline, {})
+        for key in ("fast_tokens_per_s", "saelens_tokens_per_s", "gpu_tokens_per_s",
+                    "speedup_vs_saelens", "explained_variance_delta", "steps"):  # fmt: skip
+            if key in head:
+                out[key] = head[key]
+        out["seconds"] = time.perf_counter() - t_start
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            write_json(args.json, out)
+
+    print(f"device={args.device} threads={torch.get_num_threads()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.sizes:
+            bench(name, args, out, save, Path(tmp))
+    save()
     print(f"total {out['seconds']:.0f} s", flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ def run() -> None:
     parser.add_argument(
         "--sae-set", help="the SAE set's name, {site} allowed (default: circuitflow-{site})"
     )
-    parser.add_argument("--features-per-batch", type=int, default=128)
+    parser.add_argument("--features-per-batch", type=cli.positive_int, default=128,
+                        help="features a batch file holds (at least 1; default 128)")  # fmt: skip
     args, _ = cli.parse(parser)
     from circuitflow.features.neuronpedia import SAE_SET, export_run
 

@@ -133,6 +133,20 @@ def tiny_hf_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tl_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """TransformerLens checkpoint directories of each shape in helpers.tl_checkpoints.SHAPES
+    (with LayerNorm, without, attention-only), a previous-token head planted in each, built
+    once a session; the one without LayerNorm saved without TransformerLens's buffers."""
+    from helpers import tl_checkpoints
+
+    root = tmp_path_factory.mktemp("tl-checkpoints")
+    return {
+        shape: tl_checkpoints.save(tl_checkpoints.build(shape), root / shape, shape != "no_ln")
+        for shape in tl_checkpoints.SHAPES
+    }
+
+
+@pytest.fixture(scope="session")
 def default_results(tmp_path_factory, worker_id) -> Path:
     """The whole DAG on the embedded default config (config/config.yaml), once per test session.
     Tests of the science (accuracy, circuits, SAE quality) and of the report read its outputs.

@@ -146,6 +146,10 @@ BAD_CONFIGS = {
         {"sae": {"architecture": "standard", "trainer": "fast"}},
         ["sae.trainer: fast trains topk, batchtopk only, not standard", "use auto or saelens"],
     ),
+    "gpu trainer for an architecture it cannot train": (
+        {"sae": {"architecture": "jumprelu", "trainer": "gpu"}},
+        ["sae.trainer: gpu trains topk, batchtopk only, not jumprelu", "use auto or saelens"],
+    ),
     "unknown key in a nested section": (
         {"sae": {"controller": {"kd": 1}}},
         ["unknown key sae.controller.kd; allowed keys: coef_max, coef_min, ema, ki, kp"],

@@ -216,3 +216,29 @@ def test_walltimes_and_gpu_hours_count_the_same_flops(path, variant):
     for stage, (n_jobs, flops) in want.items():
         assert table.loc[stage, "jobs"] == n_jobs
         assert table.loc[stage, "pflop"] * 1e15 == pytest.approx(sum(flops.values()), rel=1e-9)
+
+
+def test_prompt_graphs_plan_each_transcoders_own_k(published, tmp_path):
+    """The per-prompt graphs' features are planned from each transcoder's active latents as the
+    description states them: a published one's k from its cfg.json (here 24 and 40, not the
+    config's `sae.k`), a trained one's `sae.k` (TopK) or twice `sae.target_l0`."""
+    from circuitflow.attribution.prompt_graphs import plan
+
+    config = copy.deepcopy(published[0]) | {"layers": [0, 1], "sites": ["mlp_out"]}
+    config["sae"] = {**config["sae"], "kind": "transcoder", "k": 16, "target_l0": 10}
+    d_model = architectures.model_cfg(config).d_model
+    ks = {0: 24, 1: 40}
+    for layer, k in ks.items():
+        folder = tmp_path / "mlp_out" / f"layer_{layer}"
+        write_dictionary(folder, "mlp_out", layer, d_model, 4 * d_model)
+        cfg = json.loads((folder / "cfg.json").read_text())
+        (folder / "cfg.json").write_text(json.dumps(cfg | {"architecture": "topk", "k": k}))
+    config["sae"]["pretrained"] = {"path": str(tmp_path / "{site}" / "layer_{layer}")}
+    run = description.describe(config)
+    assert [(d.kind, d.active) for d in run.transcoders] == [("transcoder", 24), ("transcoder", 40)]
+    assert run.transcoders[1].active_from.endswith("mlp_out/layer_1/cfg.json")
+    assert plan.active_features(config, 5) == (24 + 40) * 5
+    trained = trained_at(config, None)
+    assert plan.active_features(trained, 5) == 2 * 16 * 5
+    trained["sae"]["architecture"] = "jumprelu"
+    assert plan.active_features(trained, 5) == 2 * 2 * 10 * 5

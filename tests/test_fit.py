@@ -262,3 +262,27 @@ def test_the_driver_is_the_key_whose_halving_shrinks_the_plan_most():
     before = copy.deepcopy(config)
     fit.driver(config, bytes_)
     assert config == before
+
+
+def test_the_driver_looks_first_at_the_keys_the_user_set():
+    """features: {k: 100000000}: halving features.k or sae.expansion_factor (the collectors'
+    width) shrinks the features job alike; the user touched only k, so k is named."""
+    config = resolved("config/config.yaml", **{"features.k": 100_000_000})
+    problem = fit.problem(config, [("features", None)], Cluster(), HERE)
+    assert problem.startswith("features.k: 100,000,000 plans "), problem
+    # Untouched, the largest shrink wins as before.
+    plain = resolved("config/config.yaml")
+    assert fit.driver(plain, lambda c: resources.job_peak_bytes(c, "features", "cpu")) != (
+        "features.k"
+    )
+
+
+def test_features_n_tokens_above_the_token_set_is_noted():
+    notes: list[str] = []
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["features"] = {"n_tokens": 90_000_000_000}
+    cf_config.resolve(raw, notes=notes)
+    assert notes == [
+        "config note: features.n_tokens: 90,000,000,000 is more than the token set's 262,167 "
+        "tokens (capture.n_tokens); the features stage reads all 262,167"
+    ]

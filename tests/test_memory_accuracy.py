@@ -23,6 +23,8 @@ CASES = {
     ("sae_train", "topk saelens"),
     ("sae_train", "standard"),
     ("sae_train", "topk transcoder"),  # mlp_in and mlp_out read in lockstep
+    ("sae_train", "topk gpu"),  # sae.stacked's trainer (AuxK on in its last step)
+    ("sae_train", "batchtopk gpu"),
     ("sae_stream", "gpt2-small"),  # two layers' SAEs from one stream of forward passes
     ("sae_stream", "gpt2-small transcoder"),  # two transcoders: four hooks a pass
     ("attribution", "gpt2-small atp"),

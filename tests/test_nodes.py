@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from circuitflow.nodes import hook_name, mlp_input, site_layer
+from circuitflow.nodes import hook_name, hook_names, mlp_input, site_layer
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,18 @@ def test_mlp_in_is_the_normalised_residual_and_says_whether_the_weight_follows(
     assert hook == "blocks.3.ln2.hook_normalized" and site_layer(hook) == ("mlp_in", 3)
 
 
-def test_a_model_without_a_norm_before_its_mlps_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^normalization_type None: site mlp_in reads") as err:
-        mlp_input(None)
+def test_without_norms_mlp_in_is_the_residual_stream_the_mlp_reads():
+    """A model without norms (a TransformerLens checkpoint's normalization_type None) feeds
+    its MLP resid_mid as it is: the same tensor, so a file of either site names that hook."""
+    got = mlp_input(None)
+    assert (got.hook, got.norm_after) == ("hook_resid_mid", False)
+    assert hook_name("mlp_in", 3, None) == "blocks.3.hook_resid_mid"
+    assert site_layer("blocks.3.hook_resid_mid") == ("resid_mid", 3)
+    assert hook_names("mlp_in", 3) == ("blocks.3.ln2.hook_normalized", "blocks.3.hook_resid_mid")
+    assert hook_names("resid_post", 3) == ("blocks.3.hook_resid_post",)
+
+
+def test_an_unknown_normalization_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^normalization_type 'XX': site mlp_in reads") as err:
+        mlp_input("XX")
     assert "\n" not in str(err.value)

@@ -73,7 +73,8 @@ def test_interventions_halve_their_batch_and_measure_the_same(tiny, monkeypatch,
 
 def test_sae_step_is_redone_in_micro_batches_with_the_same_result(tmp_path, monkeypatch, caplog):
     """The step that ran out of memory is redone as two accumulated halves: the same step,
-    learning rate and data, so the SAE matches the unbroken run up to float rounding."""
+    learning rate and data, so the SAE matches the unbroken run up to float rounding (the gpu
+    trainer's halves: tests/sae/test_sae_stacked.py)."""
     model = tiny_model()
     acts = write_capture(model, tmp_path / "layer_0.h5", n_contexts=16)
     cfg = SAETrainConfig.from_dict(

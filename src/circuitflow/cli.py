@@ -54,6 +54,17 @@ def subcommands(p: argparse.ArgumentParser) -> argparse._SubParsersAction:
     return p.add_subparsers(dest="command", required=True)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option it fails)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def add_inputs(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
     """The shared arguments `names` (keys of SHARED_ARGUMENTS), in that order; `helps` replaces
     a help text where a command means something narrower (`model_json=...` for --model-json)."""

@@ -25,7 +25,14 @@ import yaml
 
 from circuitflow import dictionary_sources
 from circuitflow.errors import ConfigError
-from circuitflow.model.architectures import auto_active_heads, hf_field, read_hf_config
+from circuitflow.model import checkpoint
+from circuitflow.model.architectures import (
+    auto_active_heads,
+    hf_field,
+    model_cfg,
+    read_hf_config,
+)
+from circuitflow.nodes import SITES
 from circuitflow.schema import (
     LAYER_FORMS,
     SCHEMA_PATH,
@@ -103,10 +110,12 @@ def model_n_layers(config: dict) -> int:
     if model["n_layers"]:
         return model["n_layers"]
     path = Path(model["name"])
+    if checkpoint.is_checkpoint(path):
+        return model_cfg(config).n_layers
     if path.exists():
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
-            raise ConfigError(f"model.name: directory {path} has no config.json")
+            raise ConfigError(checkpoint.neither_kind(path))
         try:
             n_layers = hf_field(read_hf_config(path), "n_layers")
         except (OSError, ValueError) as err:
@@ -184,6 +193,8 @@ def offline_tokenizer(config: dict):
     from transformers import AutoTokenizer
 
     model = config["model"]
+    if checkpoint.is_checkpoint(model["name"]):
+        return checkpoint.load_tokenizer(model["name"])
     if Path(model["name"]).exists():
         names, options = [model["name"]], {}
     else:
@@ -315,6 +326,9 @@ def model_dims(config: dict) -> dict[str, int]:
     if is_embedded(config):
         arch = config["embedded"]["architecture"]
         return {"d_model": arch["d_model"], "n_ctx": arch["n_ctx"]}
+    if checkpoint.is_checkpoint(config["model"]["name"]):
+        shape = model_cfg(config)
+        return {"d_model": shape.d_model, "n_ctx": shape.n_ctx}
     path = Path(config["model"]["name"])
     if not (path / "config.json").is_file():
         return {}
@@ -367,16 +381,62 @@ def prompt_graph_notes(config: dict, n_layers: int, user_set: bool) -> list[str]
     ]
 
 
-def check_cross_fields(config: dict) -> None:
+# Sites an attention-only model lacks: it has no MLP, and no residual stream between the two.
+MLP_SITES = ("resid_mid", "mlp_in", "mlp_out")
+
+
+def check_model_sites(config: dict) -> None:
+    """Sites and dictionaries the model has: none of MLP_SITES nor transcoders in an
+    attention-only model; no resid_mid where attention and MLP read the same residual
+    (parallel_attn_mlp); no mlp_in apart from resid_mid in a model without normalisation, where
+    the MLP reads the residual stream as it is (nodes.hook_name)."""
+    if is_embedded(config):
+        return
+    shape, name, sites = model_cfg(config), config["model"]["name"], config["sites"]
+    if getattr(shape, "attn_only", False):
+        if trains_transcoders(config):
+            raise ConfigError(
+                f"sae.kind: {config['sae']['kind']}: a transcoder stands in for an MLP, and "
+                f"{name} is attention-only (attn_only: true); use sae.kind sae"
+            )
+        if lacking := [s for s in sites if s in MLP_SITES]:
+            allowed = ", ".join(s for s in SITES if s not in MLP_SITES)
+            raise ConfigError(
+                f"sites: {lacking[0]}: {name} is attention-only (attn_only: true), with no "
+                f"MLP; allowed values: {allowed}"
+            )
+    if getattr(shape, "parallel_attn_mlp", False) and "resid_mid" in sites:
+        raise ConfigError(
+            f"sites: resid_mid: {name} runs attention and MLP side by side "
+            "(parallel_attn_mlp: true), with no residual stream between them"
+        )
+    if shape.normalization_type is None and "mlp_in" in sites:
+        raise ConfigError(
+            f"sites: mlp_in: {name} has no normalisation (normalization_type: null), so its "
+            "MLP reads resid_mid as it is: use resid_mid"
+        )
+
+
+def check_cross_fields(config: dict, notes: list[str] | None = None) -> None:
     """Values that are each valid alone but cannot work together, refused before any job runs
-    (each would otherwise fail inside a job, minutes or hours in): each stage's own checks, in
-    its config module (`sae.config.check`, `capture.config.check`)."""
+    (each would otherwise fail inside a job, minutes or hours in): the sites the model has,
+    then each stage's own checks, in its config module (`sae.config.check`,
+    `capture.config.check`, `features.config.check`); `notes` gets a line for what a stage will
+    do instead of what a value asks."""
     from circuitflow.capture import config as capture_config
+    from circuitflow.capture.plan import context_length, token_set_contexts
+    from circuitflow.features import config as features_config
+    from circuitflow.model import architectures
     from circuitflow.sae import config as sae_config
 
+    check_model_sites(config)
     dims = model_dims(config)
     sae_config.check(config, dims)
     capture_config.check(config, dims)
+    cfg = architectures.model_cfg(config)
+    counted = context_length(config, cfg) - int(bool(config["capture"]["exclude_bos"]))
+    features_config.check(config, token_set_contexts(config, cfg) * counted,
+                          notes if notes is not None else [])  # fmt: skip
 
 
 def resolve(
@@ -399,13 +459,18 @@ def resolve(
     validate_schema(config, schema_path)
     if is_embedded(config):
         check_embedded(config)
+    if checkpoint.is_checkpoint(config["model"]["name"]):
+        try:
+            checkpoint.check(config["model"]["name"])
+        except ConfigError as err:
+            raise ConfigError(f"model.name: {err}") from None
     from circuitflow.sae.config import resolve_kind
 
     config["sae"]["kind"] = resolve_kind(config, is_embedded(config))
     n_layers = model_n_layers(config)
     config["layers"] = parse_layers(config["layers"], n_layers)
     check_behaviours(config, Path(base_dir).absolute(), config_files, overrides, notes)
-    check_cross_fields(config)
+    check_cross_fields(config, notes)
     if notes is not None:
         # Who set prompt_graphs: the config files and --config, or a config given as it is.
         given = [raw] if not config_files else [overrides, *_read_all(config_files)]

@@ -20,7 +20,6 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from circuitflow import dictionary_sources, published
@@ -63,9 +62,11 @@ class Dictionary:
     kind: str  # sae or transcoder (sites.dictionary_kind)
     width: int  # its latents (d_sae)
     width_from: str  # where the width came from, in words
-    # Latents planned active a token: a TopK's k, else twice the L0 it is steered to or
-    # published with (a published one's own where its config or release says).
+    # The most latents active at a position, as planned: a TopK or BatchTopK dictionary's k
+    # (a published one's from its config, else twice the L0 its release lists), else twice
+    # `sae.target_l0`; and where that came from, in words.
     active: int = 0
+    active_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,12 @@ def context_length(config: Mapping[str, Any], n_ctx: int) -> int:
     return config["capture"]["context_length"] or (min(n_ctx, REAL_CONTEXT) if real else n_ctx)
 
 
-def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[int, str] | None:
-    """A published dictionary's d_sae and where it was read, or None where its cfg.json cannot
-    be read here (a release not fetched yet; a directory the job will refuse in one line)."""
+def published_view(
+    config: Mapping[str, Any], site: str, layer: int
+) -> tuple[dict[str, Any], str] | None:
+    """A published dictionary's cfg.json (published.cfg_view, with an integer d_sae) and where
+    it was read, or None where it cannot be read here (a release not fetched yet; a directory
+    the job will refuse in one line)."""
     try:
         d = published.dictionary_for(config, site, layer)
         view = published.view_of(d, config["model"]["hf_cache"]) or {}
@@ -148,55 +152,62 @@ def published_width(config: Mapping[str, Any], site: str, layer: int) -> tuple[i
             where = f"{d.release} {d.sae_id}'s config in the Hugging Face cache"
     except (ConfigError, InputError, KeyError, TypeError):
         return None
-    width = view.get("d_sae")
-    return (width, where) if isinstance(width, int) else None
+    return (view, where) if isinstance(view.get("d_sae"), int) else None
 
 
-def trained_active(sae: Mapping[str, Any]) -> int:
-    """Latents a token of a dictionary trained here is planned with: sae.k (TopK, BatchTopK),
-    else twice sae.target_l0 (the controller steers the mean, not each token's)."""
-    return sae["k"] if sae["architecture"] in ("topk", "batchtopk") else 2 * sae["target_l0"]
+def trained_active(sae: Mapping[str, Any]) -> tuple[int, str]:
+    """The most latents a dictionary the run trains has active at a position: `sae.k` for TopK
+    and BatchTopK, else planned at twice `sae.target_l0` (JumpReLU and ReLU)."""
+    if sae["architecture"] in ("topk", "batchtopk"):
+        return int(sae["k"]), "sae.k"
+    return int(2 * sae["target_l0"]), "2 x sae.target_l0"
 
 
-def published_active(config: Mapping[str, Any], site: str, layer: int) -> int | None:
-    """A published dictionary's latents a token, planned: its config's k (a TopK's), else
-    twice the L0 its release lists (SAELens's directory: Gemma Scope 2's), else None."""
+def release_active(config: Mapping[str, Any], site: str, layer: int) -> tuple[int, str] | None:
+    """Twice the L0 SAELens's directory lists for a published release's dictionary (Gemma
+    Scope 2's JumpReLU transcoders state no k), and where it came from; None where it lists
+    none or the dictionary is not a release's."""
     try:
         d = published.dictionary_for(config, site, layer)
-        if d.path is not None and not d.converted:
-            cfg = json.loads((Path(d.path) / published.CFG_FILE).read_text())
-            return int(cfg["k"]) if isinstance(cfg.get("k"), int) else None
-        if d.release is not None:
-            l0 = published.resolve_release(d.release, d.sae_id).published.get("l0")
-            return math.ceil(2 * l0) if l0 else None
-    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        if d.release is None:
+            return None
+        l0 = published.resolve_release(d.release, d.sae_id).published.get("l0")
+    except (ConfigError, KeyError, TypeError):
         return None
-    return None
+    return (math.ceil(2 * l0), f"2 x {d.release} {d.sae_id}'s listed L0") if l0 else None
 
 
 def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictionary, ...], bool]:
     sae = config["sae"]
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
     how = "sae.d_sae" if sae["d_sae"] else f"sae.expansion_factor x d_model {d_model}"
+    active, active_how = trained_active(sae)
     found, known = [], True
     # Published dictionaries (sae.source pretrained, or the transcoders' sae.transcoders.source)
-    # have their own width.
+    # have their own width and their own k (a TopK's in its config; else twice the L0 its
+    # release lists, where it lists one).
     for site in dictionary_sites(config):
         published_source = dictionary_sources.source_of(config, site).changes_dictionaries(
             "sae.pretrained"
         )
         for layer in config["layers"]:
-            width, where, active = trained, how, trained_active(sae)
+            width, where, k, k_where = trained, how, active, active_how
             if published_source:
-                read = published_width(config, site, int(layer))
+                read = published_view(config, site, int(layer))
+                view, cfg_file = read or ({}, "")
                 if read is None:
                     known = False
                     where = f"{how} (its cfg.json not readable yet: planned at the config's)"
+                    k_where = f"{active_how} (its cfg.json not readable yet)"
                 else:
-                    width, where = read
-                active = published_active(config, site, int(layer)) or active
+                    width, where = view["d_sae"], cfg_file
+                    k_where = f"{active_how} ({cfg_file} states no k)"
+                if isinstance(view.get("k"), int):
+                    k, k_where = view["k"], cfg_file
+                elif listed := release_active(config, site, int(layer)):
+                    k, k_where = listed
             kind = dictionary_kind(config, site)
-            found.append(Dictionary(site, int(layer), kind, width, where, min(active, width)))
+            found.append(Dictionary(site, int(layer), kind, width, where, min(k, width), k_where))
     return tuple(found), known
 
 

@@ -57,3 +57,16 @@ def precise_math() -> Iterator[None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
         torch.set_float32_matmul_precision(precision)
+
+
+def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """An empty host tensor to fill (through `.numpy()`) and `upload` to `device`: pinned when
+    `device` is a GPU, so the copy does not block the host (one from pageable memory waits for
+    the device's queue first)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=str(device).startswith("cuda"))
+
+
+def upload(t: torch.Tensor, device) -> torch.Tensor:
+    """Host tensor `t` (host_tensor's) on `device`, the host going on while a GPU copies it;
+    `t` itself on a CPU."""
+    return t.to(device, non_blocking=True)

@@ -37,6 +37,7 @@ from circuitflow import dictionary_sources, resources
 from circuitflow.capture.plan import context_length, token_set_contexts
 from circuitflow.cluster import Cluster
 from circuitflow.model import architectures
+from circuitflow.schema import schema_defaults
 
 GiB = 2**30
 TiB = 2**40
@@ -150,21 +151,39 @@ def halved(config: dict, path: list[str]) -> dict | None:
 
 def driver(config: dict, measure: Callable[[dict], float]) -> str:
     """The config key that drives `measure(config)` (a plan's bytes or seconds): of the numeric
-    keys, the one whose halving shrinks it most (the first such in the config's order);
-    MODEL_KEY when none shrinks it (the model's own size)."""
+    keys, the one whose halving shrinks it most (the first such in the config's order),
+    looking first among the keys the config sets away from the schema's defaults (the ones its
+    user touched: `features.k` rather than `sae.expansion_factor`, whose halving shrinks a
+    features job as much); MODEL_KEY when none shrinks it (the model's own size)."""
     base = measure(config)
-    best, best_ratio = MODEL_KEY, 0.99
-    for dotted, path in numeric_keys(config):
-        smaller = halved(config, path)
-        if smaller is None:
-            continue
-        try:
-            ratio = measure(smaller) / base
-        except Exception:  # a halved value the plan cannot take: not this key
-            continue
-        if ratio < best_ratio:
-            best, best_ratio = dotted, ratio
-    return best
+    keys = list(numeric_keys(config))
+    defaults = schema_defaults()
+    touched = [(dotted, path) for dotted, path in keys if _at(defaults, path) != _at(config, path)]
+    for pool in (touched, keys):
+        best, best_ratio = None, 0.99
+        for dotted, path in pool:
+            smaller = halved(config, path)
+            if smaller is None:
+                continue
+            try:
+                ratio = measure(smaller) / base
+            except Exception:  # a halved value the plan cannot take: not this key
+                continue
+            if ratio < best_ratio:
+                best, best_ratio = dotted, ratio
+        if best is not None:
+            return best
+    return MODEL_KEY
+
+
+def _at(config: dict, path: list[str]):
+    """The value at `path` in `config`, or None where it has none."""
+    node = config
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
 
 
 def key_value(config: dict, dotted: str) -> str:

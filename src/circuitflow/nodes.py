@@ -25,6 +25,7 @@ SITE_ORDER = {
 # Site mlp_in is what a block's MLP reads, up to its norm's weight: the one place that decides
 # which hook holds it on a model as it is loaded is `mlp_input` below.
 _MLP_IN = "ln2.hook_normalized"
+_RESID_MID = "hook_resid_mid"
 EMBED_HOOK = "hook_embed"
 KINDS = ("embedding", "head", "mlp", "feature", "error")
 # TransformerLens's normalization_type of a model loaded with its norms' weights in place (LN:
@@ -50,22 +51,34 @@ class MlpInput:
 def mlp_input(normalization: str | None = "LN") -> MlpInput:
     """Site mlp_in on a model whose norms are `normalization` as it is loaded (its
     HookedTransformerConfig.normalization_type): ln2.hook_normalized, the normalised residual
-    before ln2's weight, which the norm's weight follows unless it was folded. ValueError for a
-    model without a norm before its MLPs (none the pipeline loads has one)."""
+    before ln2's weight, which the norm's weight follows unless it was folded; in a model
+    without norms (None: a TransformerLens checkpoint may have none) the residual stream the MLP
+    reads as it is, hook_resid_mid (its ln2 is an identity without hooks). ValueError for
+    another value."""
     if normalization in UNFOLDED_NORMS:
         return MlpInput(_MLP_IN, norm_after=True)
     if normalization in FOLDED_NORMS:
         return MlpInput(_MLP_IN, norm_after=False)
+    if normalization is None:
+        return MlpInput(_RESID_MID, norm_after=False)
     raise ValueError(
-        f"normalization_type {normalization!r}: site mlp_in reads the MLP's norm "
-        f"({_MLP_IN}), and this model has none before its MLPs"
+        f"normalization_type {normalization!r}: site mlp_in reads the MLP's norm ({_MLP_IN}), "
+        f"and TransformerLens has no such norm; known: {', '.join(UNFOLDED_NORMS + FOLDED_NORMS)}"
     )
+
+
+def hook_names(site: str, layer: int) -> tuple[str, ...]:
+    """Every hook `site` at `layer` is at on some model (hook_name's answers), for a file that
+    records its hook without its model: mlp_in is two (with norms and without), the rest one."""
+    norms = (*UNFOLDED_NORMS, *FOLDED_NORMS, None)
+    return tuple(dict.fromkeys(hook_name(site, layer, n) for n in norms))
 
 
 def hook_name(site: str, layer: int, normalization: str | None = "LN") -> str:
     """TransformerLens's hook of `site` at `layer`: blocks.{layer}.hook_{site}, and for mlp_in
-    the hook mlp_input names on a model whose norms are `normalization` (every model the
-    pipeline loads: blocks.{layer}.ln2.hook_normalized)."""
+    the hook mlp_input names on a model whose norms are `normalization` (callers that hold the
+    model pass its cfg.normalization_type): blocks.{layer}.ln2.hook_normalized, or without norms
+    blocks.{layer}.hook_resid_mid."""
     if site not in SITES:
         raise ValueError(f"sites: {site!r} is not allowed; allowed values: {', '.join(SITES)}")
     if site == "mlp_in":
@@ -74,7 +87,8 @@ def hook_name(site: str, layer: int, normalization: str | None = "LN") -> str:
 
 
 def site_layer(hook: str) -> tuple[str, int]:
-    """(site, layer) of a hook_name: the inverse of hook_name."""
+    """(site, layer) of a hook_name: the inverse of hook_name (mlp_in of a model without norms,
+    its resid_mid hook, reads as resid_mid: the same tensor)."""
     if m := re.fullmatch(rf"blocks\.(\d+)\.{re.escape(_MLP_IN)}", hook):
         return "mlp_in", int(m[1])
     m = re.fullmatch(r"blocks\.(\d+)\.hook_(\w+)", hook)
@@ -230,10 +244,12 @@ def head_nodes(n_layers: int, n_heads: int) -> list[Node]:
     return [Node("head", layer, h) for layer in range(n_layers) for h in range(n_heads)]
 
 
-def component_nodes(n_layers: int, n_heads: int) -> list[Node]:
-    """Embedding, every head and every MLP, in forward order."""
+def component_nodes(n_layers: int, n_heads: int, mlps: bool = True) -> list[Node]:
+    """Embedding, every head and every MLP (none where not `mlps`: an attention-only model),
+    in forward order."""
     nodes = [Node("embedding")]
     for layer in range(n_layers):
         nodes += [Node("head", layer, h) for h in range(n_heads)]
-        nodes.append(Node("mlp", layer))
+        if mlps:
+            nodes.append(Node("mlp", layer))
     return nodes

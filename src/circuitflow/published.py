@@ -156,6 +156,7 @@ def cfg_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "d_in": cfg.get("d_in"),
         "d_sae": cfg.get("d_sae"),
         "d_out": cfg.get("d_out"),
+        "k": cfg.get("k"),  # TopK and BatchTopK: latents active at a position
         "architecture": cfg.get("architecture"),
         "hook_name": get("hook_name", "hook_point"),
         "hook_head_index": get("hook_head_index", "hook_point_head_index"),

@@ -34,7 +34,7 @@ from circuitflow.attribution.prompt_graphs import plan as prompt_graphs_plan
 from circuitflow.capture import plan as capture_plan
 from circuitflow.cluster import Cluster
 from circuitflow.description import describe
-from circuitflow.features import browser_plan
+from circuitflow.features import browser_plan, explainer_plan
 from circuitflow.features import plan as features_plan
 from circuitflow.interventions import plan as interventions_plan
 from circuitflow.memory import runtime_bytes
@@ -98,8 +98,14 @@ RULES = {
     # localrule: the login node), pretrained_sae: each dictionary source's rules.
     **source_rules(),
     "transcoder_replacement": Rule("gpu", "model", sae_plan),  # sae.kind transcoder
-    # one rule per group of layers (features.layers_per_job): features_{group.name}
+    # the contexts labels are scored on; then one rule per group of layers
+    # (features.layers_per_job): features_{group.name}
+    "held_out_tokens": Rule("cpu", "model", features_plan, imports_embedded="base"),
     "features": Rule("gpu", "model", features_plan, resumable=True),
+    # features.labeller naming a language model: its prefetch (a localrule: the login node),
+    # then one job per group: explain_features_{group.name}
+    "prefetch_explainer": Rule("cpu", "model"),
+    "explain_features": Rule("gpu", "model", explainer_plan, resumable=True),
     "attribution": Rule("gpu", "model", attribution_plan),
     "prompt_graphs": Rule("gpu", "model", prompt_graphs_plan),  # sae.kind transcoder
     "interventions": Rule("gpu", "model", interventions_plan),
@@ -119,7 +125,8 @@ GPU_RULES = frozenset(name for name, rule in RULES.items() if CLASSES[rule.resou
 # Rules the workflow defines once per group of layers, each named `<rule>_<group>`: the grouped
 # dictionary sources' and the features stage's.
 PER_GROUP_RULES = frozenset(
-    [s.rule for s in dictionary_sources.SOURCES.values() if s.grouped] + ["features"]
+    [s.rule for s in dictionary_sources.SOURCES.values() if s.grouped]
+    + ["features", "explain_features"]
 )
 # Slurm's memory limit over the job's plan (within 25% of measured peaks): a plan that fell 25%
 # short still fits.

@@ -251,3 +251,49 @@ def test_forward_passes_counted_per_context(model, tokens, tmp_path):
         assert m.attrs["forward_equivalents_per_prompt"] == pytest.approx(1.0)
         assert m.attrs["forward_equivalents_total"] == pytest.approx(37.0)
         assert json.loads(m.attrs["forward_equivalents_by_part"]) == {"capture": pytest.approx(1.0)}
+
+
+def test_progress_never_runs_ahead_of_the_rows(model, tokens, tmp_path, monkeypatch):
+    """The rows go to disk from a thread (writer.py): a checkpoint waits for its unit's rows,
+    here behind a writer slowed down, so a kill after it resumes from rows that are there."""
+    import time
+
+    from circuitflow.capture import writer
+    from circuitflow.capture.files import PartialFile
+
+    write, checkpoint = writer.BatchWriter._write, PartialFile.checkpoint
+    seen = []
+
+    def slow_write(self, *args):
+        time.sleep(0.02)
+        write(self, *args)
+
+    def checked(self, done, batch_size):
+        rows = self.file["acts"][: done * 11]
+        seen.append(int((np.abs(rows).sum(1) > 0).sum()) == len(rows))
+        checkpoint(self, done, batch_size)
+
+    monkeypatch.setattr(writer.BatchWriter, "_write", slow_write)
+    monkeypatch.setattr(PartialFile, "checkpoint", checked)
+    run(model, tokens, tmp_path, layers=(1,), sites=("resid_post",), batch_size=4)
+    assert len(seen) > 3 and all(seen)
+
+
+def test_sites_that_share_a_hook_each_get_their_file(tokens, tmp_path):
+    """In a model without normalisation mlp_in is the residual stream the MLP reads as it is,
+    resid_mid's hook: one hook then fills two files, each holding the MLP's own input."""
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, n_ctx=12, d_vocab=20,
+        act_fn="gelu", normalization_type=None, seed=0,
+    )  # fmt: skip
+    model = HookedTransformer(cfg).eval()
+    targets, _ = run(model, tokens, tmp_path, layers=(1,), sites=("mlp_in", "resid_mid"))
+    seen = []
+    model.blocks[1].mlp.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.inference_mode():
+        model(torch.from_numpy(tokens.astype(np.int64)))
+    want = seen[0][:, 1:].reshape(-1, 16).numpy()  # BOS left out (capture.exclude_bos)
+    for site in ("mlp_in", "resid_mid"):
+        with open_activations(targets[(site, 1)]) as f:
+            assert f.attrs["hook_name"] == "blocks.1.hook_resid_mid"
+            np.testing.assert_array_equal(f["acts"][:], want)

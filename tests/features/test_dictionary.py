@@ -127,13 +127,15 @@ def test_logit_effects_fold_the_final_norm(setup):
     )
 
 
-def test_labeller_registry():
-    assert labels.get("tokens") is labels.token_label
-    ev = labels.Evidence(0, ["a", "b", "b", "c"], [3.0, 1.0, 1.0, 2.5], ["x", "y"])
-    assert labels.token_label(ev) == 'fires on "a" / "c"; promotes "x"'
-    assert labels.token_label(labels.Evidence(1, [], [], ["x"])) == "dead"
-    with pytest.raises(ValueError, match="unknown labeller"):
-        labels.get("gpt")
+def test_the_tokens_labeller_names_the_heaviest_tokens():
+    """Feature 0's top entries name tokens a, b, b, c with activations 3, 1, 1, 2.5: b's sum (2)
+    and c's (2.5) lose to a's (3) and c's; feature 1 has no top entry (dead)."""
+    table = labels.token_rules(np.zeros(4, int), np.array([0, 1, 1, 2]),
+                               np.array([3.0, 1.0, 1.0, 2.5]), 2)  # fmt: skip
+    got = labels.texts(table, ["a", "b", "c"], [""], ["x", "y"])
+    assert got == ['fires on "a" / "c"; promotes "x"', "dead"]
+    tie = labels.token_rules(np.zeros(3, int), np.array([2, 1, 0]), np.ones(3), 1)
+    assert tie.atoms[0].tolist()[:1] == [2]  # a tie goes to the earlier in rank
 
 
 def documented(doc: str) -> set[str]:
@@ -193,6 +195,10 @@ def test_neuronpedia_batches_read_back(built, tmp_path):
         top[0]["bin_max"], abs=1e-4
     )
     bands = [a for a in f0["activations"] if a["bin_min"] != -1]
+    # SAEDashboard's order: the top group, then the bands from the highest down.
+    assert [a["bin_min"] == -1 for a in f0["activations"]] == [True] * 5 + [False] * len(bands)
+    assert [a["bin_min"] for a in bands] == sorted((a["bin_min"] for a in bands), reverse=True)
+    assert len({a["bin_min"] for a in bands}) > 1
     assert all(
         a["bin_min"] <= a["values"][a["qualifying_token_index"]] < a["bin_max"] + 1e-4
         for a in bands
@@ -254,3 +260,13 @@ def test_the_export_command_writes_every_dictionary_of_a_run(built, tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert missing.returncode == 2 and "no feature folders" in missing.stderr
+    zero = subprocess.run(
+        [sys.executable, str(script), "--results", str(results), "--features-per-batch", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert zero.returncode == 2
+    assert (
+        zero.stderr.strip()
+        .splitlines()[-1]
+        .endswith("error: argument --features-per-batch: 0 is below 1")
+    )

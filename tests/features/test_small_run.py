@@ -17,7 +17,7 @@ def test_the_features_rule_writes_every_dictionary(small_results):
     config = cf_config.resolve(load_test_config("small"))
     folder = write.feature_dir(small_results, "resid_post", 1)
     written = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    assert written == ["contexts.parquet", "features.parquet", "summary.json"]
+    assert written == ["contexts.parquet", "examples.parquet", "features.parquet", "summary.json"]
     summary = json.loads((folder / "summary.json").read_text())
     feats = pd.read_parquet(folder / "features.parquet")
     tokens = json.loads((small_results / "activations" / "tokens.json").read_text())
@@ -32,6 +32,10 @@ def test_the_features_rule_writes_every_dictionary(small_results):
     assert len(feats) == summary["n_features"] == 8 * 64
     assert summary["dead_fraction"] == feats["dead"].mean()
     assert config["features"]["k"] == summary["k"]
+    # Its labels scored on the held-out contexts (rule held_out_tokens), whole ones.
+    held = json.loads((small_results / "activations" / "held_out_tokens.json").read_text())
+    assert summary["labels"]["held_out_tokens"] == held["n_contexts"] * 31 >= 16384
+    assert held["held_out_from"] == tokens["token_set_hash"]
     assert (small_results / "benchmarks" / "features" / "layer_1.tsv").is_file()
     assert not (small_results / "checkpoints" / "features" / "layer_1" / "state.pt").exists()
 

@@ -128,13 +128,37 @@ def test_written_contexts_name_token_set_rows(parts, tmp_path):
     vocab = [f"t{i}" for i in range(VOCAB)]
     meta = {"site": "resid_post", "layer": 1, "hook": ms[0].hook}
     metas = [meta, {**meta, "site": "mlp_out", "layer": 0, "hook": ms[1].hook}]
-    summaries = stage.read_out(model, ms, tokens, ROWS, vocab, opts, 1, metas, pass_total=N)
-    # One sweep for both: the windows' contexts through both layers once, shared.
+    held = np.random.default_rng(1).integers(1, VOCAB, size=(6, T)).astype(np.int32)
+    held[:, 0] = 0
+    summaries = stage.read_out(model, ms, tokens, ROWS, vocab, opts, 1, metas, pass_total=N,
+                               held=held, batch=4, seed=0)  # fmt: skip
+    # One sweep for both: the windows' contexts through both layers once, shared; the held-out
+    # pass, 6 contexts of 48, through both layers once.
     sweep = {s["forward_equivalents_by_part"]["windows"] for s in summaries}
     assert len(sweep) == 1 and 0 < sweep.pop() <= 0.5
+    assert {s["forward_equivalents_by_part"]["held_out"] for s in summaries} == {6 / N / 2}
     ctx = pd.read_parquet(ms[0].out / "contexts.parquet")
     for row in ctx.itertuples():
         window = tokens[row.context, row.window_start : row.window_start + len(row.tokens)]
+        np.testing.assert_array_equal(row.tokens, window)
+    # Every labeller's labels scored on the held-out contexts' 6 x 9 counted positions.
+    feats = pd.read_parquet(ms[0].out / "features.parquet")
+    labels = summaries[0]["labels"]
+    assert labels["held_out_tokens"] == 6 * (T - 1) and set(labels["labellers"]) == {
+        "tokens",
+        "rules",
+    }
+    live = ~feats["dead"]
+    assert feats.loc[live, "label_f1"].between(0, 1).all()
+    # tp + fn: the held-out positions where each feature fires, whatever its label says.
+    ids = torch.from_numpy(held.astype(np.int64))
+    _, cache = model.run_with_cache(ids, names_filter=[ms[0].hook])
+    with torch.no_grad():
+        fires = (ms[0].sae.encode(cache[ms[0].hook])[:, 1:] > 0).sum((0, 1)).numpy()
+    np.testing.assert_array_equal(feats["label_tp"] + feats["label_fn"], fires)
+    examples = pd.read_parquet(ms[0].out / "examples.parquet")
+    for row in examples.itertuples():
+        window = held[row.context, row.window_start : row.window_start + len(row.tokens)]
         np.testing.assert_array_equal(row.tokens, window)
 
 

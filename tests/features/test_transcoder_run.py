@@ -35,6 +35,10 @@ def run(tiny_hf_model_dir, tmp_path_factory):
     tokens[:, 0] = 0
     np.save(tmp / "tokens.npy", tokens)
     write_json(tmp / "tokens.json", {"n_contexts": N, "context_length": T})
+    held = np.random.default_rng(1).integers(20, 200, size=(4, T)).astype(np.int32)
+    held[:, 0] = 0  # contexts the labels are scored on (held_out.py writes them in a run)
+    np.save(tmp / "held.npy", held)
+    write_json(tmp / "held.json", {"n_contexts": 4, "context_length": T})
     config = {
         "seed": 0, "device": "cpu", "model": {"name": str(tiny_hf_model_dir), "dtype": "float32"},
         "capture": {"exclude_bos": True}, "sae": {"source": "capture"},
@@ -44,8 +48,10 @@ def run(tiny_hf_model_dir, tmp_path_factory):
                         "n_contexts": 2},
     }  # fmt: skip
     out = write.feature_dir(tmp, "mlp_out", 0)
+    held_out = (tmp / "held.npy", tmp / "held.json")
     (summary,) = features_stage.run(config, model_dir / "model.json", tmp / "tokens.npy",
-                                    tmp / "tokens.json", [tc_dir], [out], tmp / "ckpt")  # fmt: skip
+                                    tmp / "tokens.json", [tc_dir], [out], held_out,
+                                    tmp / "ckpt")  # fmt: skip
     return tmp, model_dir, tc_dir, tokens, config, out, summary
 
 
@@ -59,6 +65,7 @@ def test_the_stage_writes_a_transcoders_folder(run):
     # every context again, through its layer).
     parts = summary["forward_equivalents_by_part"]
     assert parts["pass"] == pytest.approx(0.5) and 0 < parts["windows"] <= 0.5
+    assert parts["held_out"] == pytest.approx(4 / 10 * 0.5)  # 4 held-out contexts, per 10 read
     assert summary["forward_equivalents_per_prompt"] == pytest.approx(sum(parts.values()))
     assert summary["forward_equivalents_unit"] == "context"
     feats = pd.read_parquet(out / "features.parquet")

@@ -109,3 +109,38 @@ def synthetic_acts(n: int, d: int, n_features: int, k: int, seed: int = 0) -> np
     idx = rng.integers(0, n_features, (n, k))
     coef = rng.exponential(1.0, (n, k)).astype(np.float32)
     return np.einsum("nk,nkd->nd", coef, dirs[idx]).astype(np.float32)
+
+
+# --- one training step, against SAELens's --------------------------------------------------------
+D_IN, D_SAE, K = 32, 256, 8  # SAELens's AuxK takes d_in // 2 = 16 dead latents per token
+
+
+def perturbed_sae(architecture: str, seed: int = 0, hook_out: str = ""):
+    """A training SAE (a transcoder into `hook_out` when given) away from its initialisation:
+    biases set, decoder rows of unequal norm (so SAELens's decoder-norm rescaling matters)."""
+    from circuitflow.sae.architectures import build_training_sae
+    from circuitflow.sae.config import SAETrainConfig
+
+    cfg = SAETrainConfig(architecture=architecture, k=K, d_sae=D_SAE)
+    torch.manual_seed(seed)
+    sae = build_training_sae(cfg, D_IN, "blocks.0.hook_resid_post", "cpu", hook_out)
+    with torch.no_grad():
+        sae.W_enc.normal_(0, 0.3)
+        sae.W_dec.mul_(torch.rand(D_SAE, 1) + 0.5)
+        sae.b_dec.normal_()
+        sae.b_enc.normal_(0, 0.1)
+    return sae
+
+
+def saelens_step(sae, x: torch.Tensor, dead: torch.Tensor):
+    """SAELens's training forward pass of `sae` on `x`, its gradients computed."""
+    from sae_lens.saes.sae import TrainStepInput
+
+    out = sae.training_forward_pass(
+        TrainStepInput(
+            sae_in=x, coefficients={}, dead_neuron_mask=dead, n_training_steps=0,
+            is_logging_step=False,
+        )
+    )  # fmt: skip
+    out.loss.backward()
+    return out

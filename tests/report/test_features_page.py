@@ -24,7 +24,7 @@ from helpers.dictionaries import build
 from helpers.graph_page import check_page
 
 from circuitflow.attribution.page import rounded
-from circuitflow.features import logits, write
+from circuitflow.features import labels, logits, write
 from circuitflow.features.collect import Collector
 from circuitflow.model.embedded import EmbeddedModelConfig, tl_config
 from circuitflow.model.language import LanguageConfig, SyntheticLanguage
@@ -71,6 +71,7 @@ def run(tmp_path_factory):
             col.result(), logits.top_logits(sae, model, k=5), read, lang.words, first_position=1,
             meta={"site": "resid_post", "layer": layer, "hook": hook, "dictionary": "sae"},
         )  # fmt: skip
+        given_scores(feats, layer)
         folder = write.feature_dir(root, "resid_post", layer)
         dirs[("resid_post", layer)] = write.write(folder, feats, ctx, summary)
     index = root / "report" / "features.html"
@@ -87,6 +88,24 @@ def run(tmp_path_factory):
         feats={k: pd.read_parquet(d / "features.parquet") for k, d in dirs.items()},
         ctx={k: pd.read_parquet(d / "contexts.parquet") for k, d in dirs.items()},
     )
+
+
+def given_scores(feats: pd.DataFrame, seed: int) -> None:
+    """Held-out counts for the page to show (the stage counts them: tests/features/
+    test_stage.py), and what features/scores.py makes of them; half the labels weak."""
+    from circuitflow.features.scores import Scores
+
+    rng = np.random.default_rng(seed)
+    n = len(feats)
+    s = Scores(rng.integers(0, 40, n), rng.integers(0, 40, n), rng.integers(1, 40, n))
+    for col, values in (("tp", s.tp), ("fp", s.fp), ("fn", s.fn), ("precision", s.precision),
+                        ("recall", s.recall), ("f1", s.f1)):  # fmt: skip
+        feats[f"label_{col}"] = values
+    feats["label_control_f1"] = rng.random(n) / 20
+
+
+def shown_label(row) -> str:
+    return labels.shown(row["label"], float(row["label_f1"]))
 
 
 def four(x: float) -> float:
@@ -143,7 +162,8 @@ def test_each_page_is_self_contained_with_its_own_dictionary(run):
         # Its own dictionary's features, and no other's.
         assert (d["key"], d["site"], d["layer"]) == (f"{site}.{layer}", site, layer)
         assert d["features"]["feature"] == feats["feature"].tolist()
-        assert d["features"]["label"] == feats["label"].tolist()
+        assert d["features"]["label"] == [shown_label(r) for _, r in feats.iterrows()]
+        assert d["features"]["f1"] == [four(x) for x in feats["label_f1"]]
         assert d["summary"]["n_dead"] == int(feats["dead"].sum()) >= 3  # 3 never fire
         assert d["meta"] == {"hook": hook_name("resid_post", layer), "dictionary": "sae"}
         shown = [len(c) for c in d["features"]["contexts"]]
@@ -202,12 +222,14 @@ def test_browser_in_chromium(run, tmp_path):
     top0 = ctx[(ctx["feature"] == feature) & (ctx["kind"] == "top") & (ctx["rank"] == 0)].iloc[0]
     token = top0["token_str"][top0["qualifying_index"]]
     fragment = row["label"].split('"')[1]  # the first token its label names
+    shown = feats.assign(label=[shown_label(r) for _, r in feats.iterrows()])
     other = live_feature(run, 0)
     clicked = int(feats["feature"][(feats["feature"] != feature) & ~feats["dead"]].iloc[0])
     found = check_page(
         chromium(), run.pages[("resid_post", 1)], tmp_path, CHECKS_JS,
         fragment=Node("feature", 1, feature, "resid_post").anchor,
-        sorts=[["density", True], ["max", True], ["mean", False], ["density", False]],
+        sorts=[["density", True], ["max", True], ["mean", False], ["density", False],
+               ["f1", True]],
         header="max",
         searches=[["index", str(feature)], ["index", f"f{clicked}"], ["label", fragment],
                   ["token", f" {token.upper()} "], ["any", "dead"], ["token", "no such"]],
@@ -217,7 +239,12 @@ def test_browser_in_chromium(run, tmp_path):
     # The address opened the feature's card.
     card = found["opened"]
     assert not card["hidden"] and card["feature"] == feature
-    assert card["anchor"] == f"resid_post.1.f{feature}" and card["label"] == row["label"]
+    assert card["anchor"] == f"resid_post.1.f{feature}" and card["label"] == shown_label(row)
+    # How far to trust it: the F1 and the counts behind it, beside the control.
+    predicted, firing = row["label_tp"] + row["label_fp"], row["label_tp"] + row["label_fn"]
+    assert f"F1 {rounded(float(row['label_f1']))} on " in card["text"]
+    assert f"fires on {row['label_tp']} of the {predicted} tokens" in card["text"]
+    assert f"names {row['label_tp']} of the {firing} tokens" in card["text"]
     assert f"density {rounded(float(row['density']))} ({row['count']} of " in card["text"]
     # The histogram: one bar per bin from the first to the last with tokens, as in the Parquet.
     hist = np.asarray(row["hist"])
@@ -247,7 +274,8 @@ def test_browser_in_chromium(run, tmp_path):
     assert found["initial"] == feats["feature"].tolist()
     for got, (col, desc) in zip(found["sorted"], [("density", True), ("max_activation", True),
                                                    ("mean_activation", False),
-                                                   ("density", False)], strict=True):  # fmt: skip
+                                                   ("density", False), ("label_f1", True)],
+                                strict=True):  # fmt: skip
         assert got == sorted_by(feats, col, desc), col
     assert found["sorted"][0] != found["initial"]
     header = found["header"]
@@ -256,7 +284,7 @@ def test_browser_in_chromium(run, tmp_path):
     # Search by index, label and token (and anything: "dead" is the dead features' label).
     by_index, by_f, by_label, by_token, by_any, nothing = found["searches"]
     assert by_index == [feature] and by_f == [clicked]
-    labelled = feats["feature"][feats["label"].str.lower().str.contains(fragment.lower())]
+    labelled = shown["feature"][shown["label"].str.lower().str.contains(fragment.lower())]
     assert by_label == labelled.tolist() and feature in by_label
     assert by_token == token_matches(feats, ctx, token) and feature in by_token
     assert len(by_token) < len(feats)

@@ -7,9 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-from helpers.sae_data import tiny_model, write_capture
+from helpers.sae_data import D_IN, D_SAE, K, perturbed_sae, saelens_step, tiny_model, write_capture
 from sae_lens import SAE
-from sae_lens.saes.sae import TrainStepInput
 
 from circuitflow.capture.files import read_activation_info
 from circuitflow.errors import ConfigError
@@ -17,37 +16,13 @@ from circuitflow.sae import stage
 from circuitflow.sae.architectures import build_training_sae
 from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.data import ActivationStream, ActivationStreamConfig
-from circuitflow.sae.fast import SparseTopKTrainer, build_trainer, sparse_forward
+from circuitflow.sae.fast import SparseTopKTrainer, sparse_forward
 from circuitflow.sae.inputs import Inputs
+from circuitflow.sae.stacked_trainer import StackedTrainer
 from circuitflow.sae.trainer import ControlledSAETrainer, trainer_config
+from circuitflow.sae.trainers import build_trainer
 
 torch.set_num_threads(1)
-D_IN, D_SAE, K = 32, 256, 8  # SAELens's AuxK takes d_in // 2 = 16 dead latents per token
-
-
-def perturbed_sae(architecture: str, seed: int = 0):
-    """A training SAE away from its initialisation: biases set, decoder rows of unequal norm
-    (so SAELens's decoder-norm rescaling matters)."""
-    cfg = SAETrainConfig(architecture=architecture, k=K, d_sae=D_SAE)
-    torch.manual_seed(seed)
-    sae = build_training_sae(cfg, D_IN, "blocks.0.hook_resid_post", "cpu")
-    with torch.no_grad():
-        sae.W_enc.normal_(0, 0.3)
-        sae.W_dec.mul_(torch.rand(D_SAE, 1) + 0.5)
-        sae.b_dec.normal_()
-        sae.b_enc.normal_(0, 0.1)
-    return sae
-
-
-def saelens_step(sae, x: torch.Tensor, dead: torch.Tensor):
-    out = sae.training_forward_pass(
-        TrainStepInput(
-            sae_in=x, coefficients={}, dead_neuron_mask=dead, n_training_steps=0,
-            is_logging_step=False,
-        )
-    )  # fmt: skip
-    out.loss.backward()
-    return out
 
 
 @pytest.mark.parametrize("architecture", ["topk", "batchtopk"])
@@ -130,14 +105,16 @@ def tiny_acts(tmp_path_factory):
     return write_capture(tiny_model(), tmp_path_factory.mktemp("acts") / "layer_0.h5", 128)
 
 
+@pytest.mark.parametrize("trainer", ["fast", "gpu"])
 @pytest.mark.parametrize("architecture", ["topk", "batchtopk"])
 @pytest.mark.parametrize("bias", [0.0, -0.3])  # -0.3: TopK picks latents that do not fire
-def test_training_steps_follow_saelens_trainer(tiny_acts, architecture, bias):
+def test_training_steps_follow_saelens_trainer(tiny_acts, trainer, architecture, bias):
     """Adam, lr schedule, clipping, scaling, firing statistics and the BatchTopK threshold:
-    12 steps of both trainers from one initialisation on the same batches agree."""
-    ours, our_dead = train_steps("fast", architecture, tiny_acts, 12, bias)
+    12 steps of each trainer and SAELens's from one initialisation on the same batches agree."""
+    ours, our_dead = train_steps(trainer, architecture, tiny_acts, 12, bias)
     ref, ref_dead = train_steps("saelens", architecture, tiny_acts, 12, bias)
-    assert isinstance(ours, SparseTopKTrainer) and type(ref) is ControlledSAETrainer
+    expected = SparseTopKTrainer if trainer == "fast" else StackedTrainer
+    assert isinstance(ours, expected) and type(ref) is ControlledSAETrainer
     assert our_dead == ref_dead and max(ref_dead) > 0  # the AuxK loss was on
     for name, value in ref.sae.state_dict().items():
         torch.testing.assert_close(ours.sae.state_dict()[name], value, rtol=1e-4, atol=1e-5)
@@ -180,11 +157,11 @@ def read_rows(path, n: int):
 
 
 def test_trainer_key_picks_and_refuses():
-    assert SAETrainConfig(architecture="topk").uses_fast_trainer()
-    assert SAETrainConfig(architecture="batchtopk").uses_fast_trainer()
-    assert not SAETrainConfig(architecture="jumprelu").uses_fast_trainer()
-    assert not SAETrainConfig(architecture="topk", trainer="saelens").uses_fast_trainer()
-    # `trainer: fast` with an architecture it cannot train: tests/test_config.py (BAD_CONFIGS).
+    assert SAETrainConfig(architecture="jumprelu").trainer_on("cpu") == "saelens"
+    assert SAETrainConfig(architecture="topk", trainer="saelens").trainer_on("cpu") == "saelens"
+    assert SAETrainConfig(architecture="topk", trainer="gpu").trainer_on("cpu") == "gpu"
+    # auto by measured rates: tests/sae/test_sae_stacked.py. `trainer: fast` with an
+    # architecture it cannot train: tests/test_config.py (BAD_CONFIGS).
     with pytest.raises(ConfigError, match=r"sae.trainer: 'sparse' is not allowed; allowed values"):
         SAETrainConfig.from_dict({"trainer": "sparse"})
 

@@ -50,6 +50,8 @@ CFG = {
 STANDARD = {**CFG, "architecture": "standard", "target_l0": 8, "l1_coefficient": 0.1}
 # Transcoders (sae.kind transcoder): each member reads its layer's MLP input and output.
 TRANSCODER = {**CFG, "kind": "transcoder"}
+# The gpu trainer: the group's transcoders step as one stack (sae.stacked).
+STACKED = {**TRANSCODER, "trainer": "gpu"}
 
 
 def members_of(config: dict) -> list[tuple[str, int]]:
@@ -123,14 +125,16 @@ def test_the_stream_is_the_models_activations_in_a_seeded_order():
     assert s.counter.total() > passes
 
 
-def test_a_group_trains_its_members_as_single_jobs_would(tmp_path):
+@pytest.mark.parametrize("trainer", ["auto", "gpu"])
+def test_a_group_trains_its_members_as_single_jobs_would(tmp_path, trainer):
     """Two layers from one stream give the SAEs, bit for bit, that two one-layer jobs give
-    (each hook's rows, initialisation and steps do not depend on the group), and the one-pass
-    job counts half the forward passes of the two jobs together: its passes go as deep as its
-    deepest layer once, theirs through one and two layers."""
+    (each hook's rows, initialisation and steps do not depend on the group; with the gpu
+    trainer the two step as one stack, a batched matmul whose members are each a one-SAE
+    stack's), and the one-pass job counts half the forward passes of the two jobs together:
+    its passes go as deep as its deepest layer once, theirs through one and two layers."""
     model = tiny_model()
     toks, meta = token_set()
-    cfg = SAETrainConfig.from_dict({**CFG, "total_tokens": 8_192})
+    cfg = SAETrainConfig.from_dict({**CFG, "total_tokens": 8_192, "trainer": trainer})
     capture = CaptureConfig()
     both = train_stream_group(toks, meta, MEMBERS, [tmp_path / "g0", tmp_path / "g1"], cfg,
                               capture, model, tmp_path / "ck")  # fmt: skip
@@ -145,6 +149,7 @@ def test_a_group_trains_its_members_as_single_jobs_would(tmp_path):
     for hook in HOOKS:
         assert both[hook]["l0"] == alone[hook]["l0"]
         assert both[hook]["explained_variance"] > 0.5
+        assert both[hook]["trainer"]["trainer"] == ("fast" if trainer == "auto" else "gpu")
         assert both[hook]["source"] == "stream" and both[hook]["tokens_trained"] == 8_192
     group = both[HOOKS[0]]["stream"]
     singles = [alone[h]["stream"]["forward_equivalents"] for h in HOOKS]
@@ -229,8 +234,15 @@ def _run(out: Path, ckpt: Path, config: dict) -> Forked:
         (CFG, signal.SIGKILL),
         (STANDARD, signal.SIGTERM),
         (TRANSCODER, signal.SIGKILL),
+        (STACKED, signal.SIGTERM),
     ],
-    ids=["fast-topk-sigterm", "fast-topk-sigkill", "saelens-standard-sigterm", "transcoder"],
+    ids=[
+        "fast-topk-sigterm",
+        "fast-topk-sigkill",
+        "saelens-standard-sigterm",
+        "transcoder",
+        "gpu-stacked-sigterm",
+    ],  # fmt: skip
 )
 def test_kill_and_rerun_matches_the_uninterrupted_run(tmp_path, config, kill):
     """SIGTERM (Slurm's walltime warning: checkpoint now, exit 75) or SIGKILL (no warning: the

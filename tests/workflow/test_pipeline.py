@@ -18,11 +18,17 @@ DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 BEHAVIOURS = DEFAULT["behaviours"]
 
 
-def test_dry_run_lists_the_rules(tmp_path):
-    done = run_snakemake({}, tmp_path, "-n")
+def test_dry_run_lists_the_rules(tmp_path, tiny_hf_model_dir):
+    """The default run's rules, and with features.labeller naming a model (a dry run does not
+    load it) the explainer's: its prefetch and a job per features group, which writes
+    features/ from the features job's features_deterministic/."""
+    done = run_snakemake({"features": {"labeller": str(tiny_hf_model_dir)}}, tmp_path, "-n")
     for rule in ("train_model", "prompts", "baseline", "provenance", "capture", "train_sae",
-                 "attribution", "interventions", "job_costs", "all"):  # fmt: skip
-        assert rule in done.stdout, rule
+                 "held_out_tokens", "features_layers_0_to_1", "prefetch_explainer",
+                 "explain_features_layers_0_to_1", "attribution", "interventions", "job_costs",
+                 "all"):  # fmt: skip
+        assert f"rule {rule}:" in done.stdout, rule
+    assert f"{tmp_path}/results/features_deterministic/resid_post/layer_0" in done.stdout
 
 
 def test_model_stage_writes_weights_tokenizer_and_model_json(default_results):

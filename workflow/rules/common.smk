@@ -12,7 +12,9 @@ from circuitflow import fit as cf_fit
 from circuitflow import nodes as cf_nodes
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
+from circuitflow.features import config as cf_features_config
 from circuitflow.features import plan as cf_features_plan
+from circuitflow.model import checkpoint as cf_checkpoint
 from circuitflow.report import gpu_hours as cf_gpu_hours
 
 try:

@@ -34,7 +34,11 @@ else:
         prefetch_model,
 
     # Runs on the login node, which has internet; compute nodes load from the cache offline.
+    # A local directory is only read and hashed; a TransformerLens checkpoint's files are its
+    # inputs, so editing one reruns every stage after it.
     rule prefetch_model:
+        input:
+            cf_checkpoint.inputs_of(config["model"]["name"]),
         output:
             f"{OUT}/model/model.json",
         log:

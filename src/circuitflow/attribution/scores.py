@@ -57,7 +57,7 @@ from circuitflow.attribution.splice import (
     logit_diff,
     run_batches,
 )
-from circuitflow.batching import selection_half
+from circuitflow.batching import by_length, selection_half
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +100,86 @@ class Kept:
     again, on the host (a prompt's gradients are every node's activation's size): per prompt
     (the prompt table's index label), dm/da of every key (the method's gradient, which the
     graph's edges are weighted by) and the clean metric (exact patching's base). Reusing them
-    spares the edges the method's gradient passes: ig_steps forwards and backwards a prompt."""
+    spares the edges the method's gradient passes: ig_steps forwards and backwards a prompt.
 
-    def __init__(self) -> None:
-        self.gradients: dict[Any, dict[str, torch.Tensor]] = {}
-        self.metric: dict[Any, torch.Tensor] = {}
+    They live in one host buffer (pinned on a GPU), a row of bytes a prompt, its slot fixed
+    by the order the batches visit the prompts (`order`), so a batch's kept rows are one run of
+    slots: each batch packs its rows on the device and copies them there in one copy that does
+    not block; reading waits for the last copy once. A batch redone after running out of
+    memory writes the same slots again."""
 
-    def add(self, labels, grads: dict[str, torch.Tensor], metric: torch.Tensor, rows) -> None:
-        """Batch rows `rows` of `grads` and `metric`, for the prompts labelled `labels`."""
-        for label, row in zip(labels, rows, strict=True):
-            # Copies: a row of the batch's tensor would keep the whole batch alive.
-            self.gradients[label] = {k: g[row].to("cpu", copy=True) for k, g in grads.items()}
-            self.metric[label] = metric[row].detach().to("cpu", copy=True)
+    def __init__(self, prompts: pd.DataFrame, mask: np.ndarray, device) -> None:
+        groups = [idx[mask[idx]] for idx in by_length(prompts["clean_tokens"])]
+        order = np.concatenate([np.zeros(0, dtype=np.int64), *groups]).astype(np.int64)
+        self.labels = list(prompts.index[order])
+        self.slot = {label: i for i, label in enumerate(self.labels)}
+        self.lengths = np.array([len(prompts["clean_tokens"].iloc[i]) for i in order])
+        self.mask, self.index = mask, prompts.index
+        self.device = str(device)
+        self.layout: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []  # per token
+        self.offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        self.buffer: torch.Tensor | None = None
+        self.copied: torch.cuda.Event | None = None
+
+    def _allocate(self, grads: dict[str, torch.Tensor]) -> None:
+        """The layout of a row (per key, its bytes a token; the metric's 4 bytes last) and the
+        buffer, from the first batch's tensors."""
+        for k, g in grads.items():
+            self.layout.append((k, tuple(g.shape[2:]), g.dtype, g[0, 0].numel() * g.itemsize))
+        per_token = sum(n for *_, n in self.layout)
+        self.offsets[1:] = np.cumsum(self.lengths * per_token + 4)
+        pin = self.device.startswith("cuda")
+        self.buffer = torch.empty(int(self.offsets[-1]), dtype=torch.uint8, pin_memory=pin)
+
+    def add(self, batch: Batch, grads: dict[str, torch.Tensor], metric: torch.Tensor) -> None:
+        """The rows `batch.keep` of `grads` and `metric` ([b, ...] on the device)."""
+        n = 0 if batch.keep is None else len(batch.keep)
+        if n == 0:
+            return
+        if self.buffer is None:
+            self._allocate(grads)
+        labels = self.labels_of(batch)
+        first = self.slot[labels[0]]
+        assert [self.slot[x] for x in labels] == list(range(first, first + n)), labels
+        rows = [grads[k].index_select(0, batch.keep).reshape(n, -1) for k, *_ in self.layout]
+        rows.append(metric.float().index_select(0, batch.keep)[:, None])
+        packed = torch.cat([r.view(torch.uint8) for r in rows], dim=1)
+        start, stop = int(self.offsets[first]), int(self.offsets[first + n])
+        self.buffer[start:stop].view(n, -1).copy_(packed, non_blocking=True)
+        if self.device.startswith("cuda"):
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def labels_of(self, batch: Batch) -> list:
+        """The labels of the batch's kept rows, in order."""
+        rows = batch.rows[self.mask[batch.rows]]
+        return list(self.index[rows])
+
+    def _row(self, label) -> torch.Tensor:
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+        i = self.slot[label]
+        return self.buffer[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def gradients(self, label) -> dict[str, torch.Tensor]:
+        """Per key, the prompt's kept gradient [p, ...] (a copy, on the host)."""
+        row, p, at, out = self._row(label), int(self.lengths[self.slot[label]]), 0, {}
+        for key, shape, dtype, per_token in self.layout:
+            out[key] = row[at : at + p * per_token].clone().view(dtype).reshape(p, *shape)
+            at += p * per_token
+        return out
+
+    def metric(self, label) -> torch.Tensor:
+        return self._row(label)[-4:].clone().view(torch.float32)[0]
 
     def batch_gradients(self, labels, keys, device) -> dict[str, torch.Tensor]:
         """Per key, the kept gradients of `labels`, stacked in that order [b, ...]."""
-        return {k: torch.stack([self.gradients[x][k] for x in labels]).to(device) for k in keys}
+        grads = [self.gradients(x) for x in labels]
+        return {k: torch.stack([g[k] for g in grads]).to(device) for k in keys}
 
     def batch_metric(self, labels, device) -> torch.Tensor:
-        return torch.stack([self.metric[x] for x in labels]).to(device)
+        return torch.stack([self.metric(x) for x in labels]).to(device)
 
 
 @dataclass
@@ -141,20 +202,28 @@ class NodeScores:
 
 class Sums:
     """Per-prompt values summed over all prompts and over each subset of them (`subsets`:
-    name -> a mask over the prompt table, such as the selection half)."""
+    name -> a mask over the prompt table, such as the selection half), on the device in float64:
+    a batch carries its rows' membership of each subset (`masks`, Batch.member), so a batch adds
+    in one product per key, with nothing read back until the means."""
 
     def __init__(self, **subsets: np.ndarray):
+        self.names = (None, *subsets)
         self.subsets = subsets
-        self.sums: dict[str | None, dict] = {name: {} for name in (None, *subsets)}
-        self.n = dict.fromkeys(self.sums, 0)
+        self.sums: dict = {}
+        self.shapes: dict = {}
+        self.n = dict.fromkeys(self.names, 0)
 
-    def add(self, key, values: torch.Tensor, rows: np.ndarray) -> None:
-        """`values` [b, ...] for the prompts at `rows` of the prompt table."""
-        for name, sums in self.sums.items():
-            part = values
-            if name is not None:
-                part = values[torch.as_tensor(self.subsets[name][rows], device=values.device)]
-            sums[key] = sums.get(key, 0) + part.sum(0)
+    def masks(self, n_prompts: int) -> np.ndarray:
+        """[1 + subsets, n_prompts]: every prompt, then each subset (make_batch's `masks`)."""
+        return np.stack([np.ones(n_prompts, dtype=bool), *self.subsets.values()])
+
+    def add(self, key, values: torch.Tensor, member: torch.Tensor) -> None:
+        """`values` [b, ...] for the batch whose Batch.member (made with `masks`) is `member`."""
+        total = member.double() @ values.reshape(len(values), -1).double()  # [1 + subsets, n]
+        if key in self.sums:
+            self.sums[key] += total
+        else:
+            self.sums[key], self.shapes[key] = total, values.shape[1:]
 
     def count(self, rows: np.ndarray) -> None:
         for name in self.n:
@@ -162,8 +231,8 @@ class Sums:
 
     def means(self, subset: str | None = None) -> dict:
         """Per key, the mean over all prompts (None) or over `subset`."""
-        n = max(self.n[subset], 1)
-        return {k: (v / n).cpu().numpy() for k, v in self.sums[subset].items()}
+        n, row = max(self.n[subset], 1), self.names.index(subset)
+        return {k: (v[row] / n).reshape(self.shapes[k]).cpu().numpy() for k, v in self.sums.items()}
 
 
 def node_frame(groups: list[HookGroup], columns: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
@@ -205,6 +274,50 @@ def activation_change(sp: Spliced, clean: dict, corr: dict) -> dict[str, torch.T
     return out
 
 
+def fast_pass(
+    sp: Spliced,
+    prompts: pd.DataFrame,
+    cfg: AttributionConfig,
+    backoff: memory.OOMBackoff,
+    selection: np.ndarray,
+    checked: np.ndarray,
+) -> tuple[Sums, Sums, Kept, torch.Tensor]:
+    """The fast method over every prompt, batch by batch: (its node scores summed over all
+    prompts, the `selection` half and the validation prompts `checked`; activation_change
+    summed; the validation prompts' gradients and clean metric (Kept); the sums of the clean
+    and corrupted metrics [2], float64 on the device).
+
+    Everything a batch adds stays on the device or goes to the host in one copy that does not
+    block (Kept), so the host never waits for the device inside the loop (a GPU runs ahead
+    until the means are read: tests/attribution/test_attribution_no_sync.py)."""
+    method = cfg.method_record
+    device = next(sp.model.parameters()).device
+    fast, moved = Sums(selection=selection, validation=checked), Sums()
+    kept = Kept(prompts, checked, device)
+
+    def fast_batch(batch: Batch):
+        with torch.no_grad():
+            run_corr = sp.run(batch.corrupted)
+        corr = {k: v.detach() for k, v in run_corr.acts.items()}
+        scores, metric, clean, grads = method.score_batch(sp, batch, corr, cfg)
+        kept.add(batch, grads, metric)
+        m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
+        return scores, activation_change(sp, clean, corr), metric, m_corr
+
+    metric_sums = torch.zeros(2, dtype=torch.float64, device=device)
+    with sp.counter.part(method.name):
+        for batch, (scores, change, metric, metric_corr) in run_batches(
+            prompts, backoff, device, fast_batch, fast.masks(len(prompts)), checked
+        ):
+            for k, v in scores.items():
+                fast.add(k, v, batch.member)
+            for k, v in change.items():
+                moved.add(k, v, batch.member[:1])  # the first row: every prompt
+            fast.count(batch.rows)
+            metric_sums += torch.stack([metric.sum(), metric_corr.sum()]).double()
+    return fast, moved, kept, metric_sums
+
+
 def score_nodes(
     model,
     prompts: pd.DataFrame,
@@ -215,7 +328,6 @@ def score_nodes(
     """Score every node with the fast method on every prompt, and patch a bounded set of nodes
     exactly on the validation prompts (the reference): the embedding, MLPs and error terms, the
     top `validation_heads` heads and `validation_features` features (exact_node_list)."""
-    method = cfg.method_record
     for p in model.parameters():
         p.requires_grad_(False)
     device = next(model.parameters()).device
@@ -224,42 +336,18 @@ def score_nodes(
     sp = Spliced.of(model, saes, bypass_bos)
     selection = selection_half(prompts)
     checked = validation_mask(prompts, cfg)
-    fast, moved = Sums(selection=selection, validation=checked), Sums()
-    m_clean = m_corr = 0.0
     t0 = time.perf_counter()
     size = max(1, min(cfg.batch_size, len(prompts)))  # so a halving halves what runs
     backoff = memory.OOMBackoff(size, str(device), stage="attribution")
-
-    kept = Kept()
-
-    def fast_batch(batch: Batch):
-        with torch.no_grad():
-            run_corr = sp.run(batch.corrupted)
-        corr = {k: v.detach() for k, v in run_corr.acts.items()}
-        scores, metric, clean, grads = method.score_batch(sp, batch, corr, cfg)
-        rows = np.flatnonzero(checked[batch.rows])
-        kept.add(prompts.index[batch.rows[rows]], grads, metric, rows)
-        m_corr = logit_diff(run_corr.logits, batch.answer, batch.distractor)
-        return scores, activation_change(sp, clean, corr), metric, m_corr
-
-    with sp.counter.part(method.name):
-        for batch, (scores, change, metric, metric_corr) in run_batches(
-            prompts, backoff, device, fast_batch
-        ):
-            for k, v in scores.items():
-                fast.add(k, v, batch.rows)
-            for k, v in change.items():
-                moved.add(k, v, batch.rows)
-            fast.count(batch.rows)
-            m_clean += metric.sum().item()
-            m_corr += metric_corr.sum().item()
-    t_fast = time.perf_counter() - t0
+    fast, moved, kept, metric_sums = fast_pass(sp, prompts, cfg, backoff, selection, checked)
     fast_col = f"score_{cfg.method}"
     columns = {
         fast_col: fast.means(),
         f"{fast_col}_selection": fast.means("selection"),
         f"{fast_col}_validation": fast.means("validation"),
     }
+    m_clean, m_corr = metric_sums.tolist()
+    t_fast = time.perf_counter() - t0  # the means waited for the device
     frame = node_frame(sp.groups, columns)
 
     t0 = time.perf_counter()
@@ -278,9 +366,10 @@ def score_nodes(
                 exact_nodes,
                 kept.batch_metric(validation_set.index[b.rows], device),
             ),
+            exact.masks(len(validation_set)),
         ):
             for node, v in values.items():
-                exact.add(node, v, batch.rows)
+                exact.add(node, v, batch.member)
             exact.count(batch.rows)
     at = {(k, i): j for j, (k, i) in enumerate(zip(frame["key"], _patch_index(frame), strict=True))}
     for column, values in (

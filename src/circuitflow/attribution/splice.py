@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from circuitflow.batching import by_length
+from circuitflow.devices import host_tensor, upload
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, Node, head_hook, hook_name, mlp_hook, site_layer
 from circuitflow.perf import PassCounter
@@ -46,12 +47,17 @@ class HookGroup:
         return self.name.removesuffix(".sae")
 
 
-def build_groups(n_layers: int, sae_keys: list[tuple[str, int]]) -> list[HookGroup]:
+def build_groups(
+    n_layers: int, sae_keys: list[tuple[str, int]], mlps: bool = True
+) -> list[HookGroup]:
+    """The embedding, each layer's heads and (`mlps`: not an attention-only model) MLP, and
+    the SAEs at `sae_keys` (site, layer), in forward order."""
     embed = Node("embedding")
     groups = [HookGroup(EMBED_HOOK, "embedding", -1, embed.order)]
     for layer in range(n_layers):
         groups.append(HookGroup(head_hook(layer), "attn", layer, Node("head", layer, 0).order))
-        groups.append(HookGroup(mlp_hook(layer), "mlp", layer, Node("mlp", layer).order))
+        if mlps:
+            groups.append(HookGroup(mlp_hook(layer), "mlp", layer, Node("mlp", layer).order))
     for site, layer in sae_keys:
         # An SAE sits on the hook it reads; resid_pre of layer l comes before layer l's heads.
         order = Node("error", layer, -1, site).order
@@ -100,19 +106,42 @@ def _node(key: str, value: torch.Tensor, run: Run, patches, leaves) -> torch.Ten
 
 
 def _sae_hook_fn(sae, key: str, run: Run, patches, leaves, bypass_bos: bool):
-    def fn(x: torch.Tensor, hook: Any) -> torch.Tensor:
+    # Features and error are separate nodes (Marks et al. 2024): the features node's gradient is
+    # the partial derivative through the decoder alone, the error carries the rest, and the
+    # gradient to everything upstream is the plain model's (d out / dx = I).
+    feats_key, error_key = key + ":feats", key + ":error"
+
+    def cut(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        """A cut run (`leaves`): `raw` must hold the features and error as computed from the
+        upstream nodes, in the graph to them, so both go through the encoder."""
         xin = x.to(sae.dtype)
         feats = encode(sae, xin, bypass_bos)
-        # Features and error are separate nodes (Marks et al. 2024): the error is computed from
-        # the same features, but the features node is a view of them, so its gradient is the
-        # partial derivative through the decoder alone; the error carries the rest, and the
-        # gradient to everything upstream is the plain model's (d out / dx = I).
         error = xin - sae.decode(feats)
-        f = _node(key + ":feats", feats.view_as(feats), run, patches, leaves)
-        e = _node(key + ":error", error, run, patches, leaves)
+        f = _node(feats_key, feats.view_as(feats), run, patches, leaves)
+        e = _node(error_key, error, run, patches, leaves)
         return (sae.decode(f) + e).to(x.dtype)
 
-    return fn
+    def fn(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        """The features as a fresh leaf: the encoder's path to x and the error's path back
+        through the decoder cancel exactly (out = decode(f) + x - decode(f)), so neither is
+        built, the encoder runs without a graph and the decoder once, unless the features are
+        patched (exact patching; ig moves them along their path), when the error still needs
+        the clean ones'."""
+        xin = x.to(sae.dtype)
+        with torch.no_grad():
+            feats = encode(sae, xin, bypass_bos)
+        leaf = feats.requires_grad_(torch.is_grad_enabled())
+        f = _node(feats_key, leaf, run, patches, None)
+        decoded = sae.decode(f)
+        if f is leaf:
+            clean = decoded.detach()
+        else:
+            with torch.no_grad():
+                clean = sae.decode(feats)
+        e = _node(error_key, xin - clean, run, patches, None)
+        return (decoded + e).to(x.dtype)
+
+    return fn if leaves is None else cut
 
 
 def _plain_hook_fn(key: str, run: Run, patches, leaves, root: bool):
@@ -180,7 +209,8 @@ class Spliced:
     @classmethod
     def of(cls, model, saes: dict[str, Any], bypass_bos: bool = False) -> Spliced:
         keys = sorted((site_layer(h) for h in saes), key=lambda k: (k[1], k[0]))
-        return cls(model, saes, build_groups(model.cfg.n_layers, keys), bypass_bos)
+        groups = build_groups(model.cfg.n_layers, keys, mlps=not model.cfg.attn_only)
+        return cls(model, saes, groups, bypass_bos)
 
     def run(self, tokens: torch.Tensor, patches=None, leaves=None) -> Run:
         self.counter.forward(len(tokens))
@@ -227,20 +257,49 @@ class Batch:
     answer: torch.Tensor
     distractor: torch.Tensor
     rows: np.ndarray  # positions of these prompts in the prompt table
+    # On the device, for work that stays there (scores.Sums, scores.Kept): each subset's
+    # membership of the rows [subsets, b] (float32, 0 or 1), and the positions in the batch of
+    # the rows to keep [kept] (the kept rows' count is the host's: len(keep)).
+    member: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
 
 
-def make_batch(prompts: pd.DataFrame, positions: np.ndarray, device) -> Batch:
+def make_batch(
+    prompts: pd.DataFrame,
+    positions: np.ndarray,
+    device,
+    masks: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
+) -> Batch:
+    """The prompts at `positions`, with `masks` ([subsets, n_prompts] over the prompt table:
+    Batch.member) and `keep` (a mask over the prompt table: Batch.keep), in one copy to the
+    device that does not block (devices.upload)."""
     rows = prompts.iloc[positions]
-
-    def stack(col: str) -> torch.Tensor:
-        return torch.tensor(np.stack(rows[col].to_list()), device=device, dtype=torch.long)
-
+    clean = np.stack(rows["clean_tokens"].to_list())
+    b, p = clean.shape
+    kept = np.flatnonzero(keep[positions]) if keep is not None else np.zeros(0, dtype=np.int64)
+    kept_column = np.zeros((b, 1), dtype=np.int64)
+    kept_column[: len(kept), 0] = kept
+    parts = [
+        clean,
+        np.stack(rows["corrupted_tokens"].to_list()),
+        rows["answer_id"].to_numpy()[:, None],
+        rows["distractor_id"].to_numpy()[:, None],
+        kept_column,
+    ]
+    if masks is not None:
+        parts.append(masks[:, positions].T)
+    host = host_tensor((b, sum(x.shape[1] for x in parts)), torch.int64, device)
+    np.concatenate(parts, axis=1, out=host.numpy(), casting="unsafe")
+    packed = upload(host, device)
     return Batch(
-        stack("clean_tokens"),
-        stack("corrupted_tokens"),
-        torch.tensor(rows["answer_id"].to_numpy(), device=device, dtype=torch.long),
-        torch.tensor(rows["distractor_id"].to_numpy(), device=device, dtype=torch.long),
+        packed[:, :p],
+        packed[:, p : 2 * p],
+        packed[:, 2 * p],
+        packed[:, 2 * p + 1],
         positions,
+        member=packed[:, 2 * p + 3 :].T.float() if masks is not None else None,
+        keep=packed[: len(kept), 2 * p + 2] if keep is not None else None,
     )
 
 
@@ -252,15 +311,21 @@ def iter_batches(prompts: pd.DataFrame, batch_size: int, device) -> Iterator[Bat
 
 
 def run_batches(
-    prompts: pd.DataFrame, backoff, device, fn: Callable[[Batch], Any]
+    prompts: pd.DataFrame,
+    backoff,
+    device,
+    fn: Callable[[Batch], Any],
+    masks: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
 ) -> Iterator[tuple[Batch, Any]]:
     """(batch, fn(batch)) over prompts of equal length batched together, `backoff`
     (memory.OOMBackoff) choosing the size: a batch that runs out of memory is redone in halves.
-    Every prompt is scored alone in its batch row, so only float rounding depends on the size."""
+    Every prompt is scored alone in its batch row, so only float rounding depends on the size.
+    `masks` and `keep` as make_batch's."""
     for idx in by_length(prompts["clean_tokens"]):
 
         def one(start: int, stop: int, idx=idx) -> tuple[Batch, Any]:
-            batch = make_batch(prompts, idx[start:stop], device)
+            batch = make_batch(prompts, idx[start:stop], device, masks, keep)
             return batch, fn(batch)
 
         yield from backoff.chunks(len(idx), one)

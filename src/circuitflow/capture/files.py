@@ -33,7 +33,7 @@ import numpy as np
 from circuitflow.capture.plan import chunk_rows_for
 from circuitflow.errors import ActivationFileError
 from circuitflow.io import atomic_path
-from circuitflow.nodes import hook_name
+from circuitflow.nodes import hook_name, hook_names
 
 log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".partial"
@@ -67,6 +67,7 @@ def _create_preallocated(f: h5py.File, name: str, shape, dtype, chunks) -> None:
     dcpl.set_chunk(chunks)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dcpl.set_obj_track_times(False)  # no creation time in its header: a rerun writes the same bytes
     space = h5py.h5s.create_simple(shape)
     h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space, dcpl=dcpl)
 
@@ -74,9 +75,9 @@ def _create_preallocated(f: h5py.File, name: str, shape, dtype, chunks) -> None:
 class PartialFile:
     """One (site, layer) output and its partial file, written in place as capture proceeds."""
 
-    def __init__(self, site: str, layer: int, path: Path, d_in: int):
+    def __init__(self, site: str, layer: int, path: Path, d_in: int, normalization="LN"):
         self.site, self.layer, self.path, self.d_in = site, layer, Path(path), d_in
-        self.hook = hook_name(site, layer)
+        self.hook = hook_name(site, layer, normalization)  # the model's own (mlp_in differs)
         self.partial = partial_path(self.path)
         self.file: h5py.File | None = None
 
@@ -168,10 +169,10 @@ def _check(f: h5py.File, path: Path) -> None:
     if str(f["acts"].dtype) != str(a["dtype"]):
         bad(f"acts dtype {f['acts'].dtype} disagrees with attr dtype {a['dtype']}")
     try:
-        expected = hook_name(str(a["site"]), int(a["layer"]))
+        expected = hook_names(str(a["site"]), int(a["layer"]))
     except ValueError:
-        expected = None
-    if a["hook_name"] != expected:
+        expected = ()
+    if a["hook_name"] not in expected:
         bad(f"hook_name {a['hook_name']} disagrees with site {a['site']} and layer {a['layer']}")
     per_context = int(a["context_length"]) - (1 if a["bos_excluded"] else 0)
     if per_context < 1 or n % per_context:

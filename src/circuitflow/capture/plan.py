@@ -3,10 +3,12 @@ host memory and counted work from the config, for circuitflow.resources (the rul
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from circuitflow import description, dictionary_sources
 from circuitflow.memory import (
+    Estimate,
     MiB,
     capture_hooks,
     dtype_bytes,
@@ -23,6 +25,22 @@ TOKENIZE_TOKENS_PER_S = 1e5
 # The capture writer's cache per captured hook (files.ActivationWriter's chunk cache).
 WRITE_BUFFER_BYTES = 8 * MiB
 CHUNK_BYTES = 1 << 20  # target HDF5 chunk size of the activation files (capture/files.py)
+# Batches whose rows are on the host at once: the one the forward fills and the one the writer
+# thread writes (capture/writer.py's slots).
+HOST_BATCHES = 2
+
+
+def capture_estimate(
+    model_cfg, n_params: int, context_length: int, stop_at: int, n_hooks: int,
+    compute_dtype, storage_dtype, device: str,
+) -> Estimate:  # fmt: skip
+    """The capture job's memory: a forward pass through `stop_at` blocks (estimate_forward)
+    with HOST_BATCHES batches of every hook's rows on the host and each file's write cache."""
+    est = estimate_forward(
+        model_cfg, n_params, context_length, stop_at, n_hooks, compute_dtype, storage_dtype,
+        device, buffers=n_hooks * WRITE_BUFFER_BYTES,
+    )  # fmt: skip
+    return dataclasses.replace(est, per_context_host=HOST_BATCHES * est.per_context_host)
 
 
 def chunk_rows_for(d_in: int, itemsize: int, n_rows: int) -> int:
@@ -60,8 +78,8 @@ def token_set_contexts(config: dict, model_cfg) -> int:
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of a capture job's work at the config's batch size: the token set (two int64
-    copies) for capture_tokens; the forward pass with every hook's rows awaiting the write for
-    capture (estimate_forward), or a real model's load where that is more."""
+    copies) for capture_tokens; the forward pass with two batches of every hook's rows for
+    capture (capture_estimate), or a real model's load where that is more."""
     capture = config["capture"]
     n_rows = capture["n_tokens"]
     if rule == "capture_tokens":
@@ -76,10 +94,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     hooks = capture_hooks(config)
     t = context_length(config, cfg)
     dtype = model_dtype_name(config, device)
-    est = estimate_forward(
-        cfg, n_params, t, cfg.n_layers, hooks, dtype, capture["dtype"], device,
-        buffers=hooks * WRITE_BUFFER_BYTES,
-    )  # fmt: skip
+    est = capture_estimate(cfg, n_params, t, cfg.n_layers, hooks, dtype, capture["dtype"], device)
     n_contexts = -(-n_rows // (t - 1))
     batch = min(capture["batch_size"] or capture["max_batch_size"], n_contexts)
     real = config["model"]["name"] != "embedded"

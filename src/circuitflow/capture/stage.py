@@ -24,7 +24,9 @@ import torch
 from circuitflow import memory
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.capture.files import PartialFile
-from circuitflow.capture.plan import CHUNK_BYTES
+from circuitflow.capture.plan import capture_estimate
+from circuitflow.capture.writer import BatchWriter, Slot
+from circuitflow.devices import host_tensor, upload
 from circuitflow.perf import PassCounter
 from circuitflow.resumable import Interrupted, sigterm_flag
 
@@ -106,7 +108,7 @@ def plan(
         },
         sort_keys=True,
     )
-    estimate = memory.estimate_forward(
+    estimate = capture_estimate(
         model.cfg,
         sum(p.numel() for p in model.parameters()),
         context_length,
@@ -115,7 +117,6 @@ def plan(
         next(model.parameters()).dtype,
         opts.dtype,
         device,
-        buffers=len(layers) * 8 * CHUNK_BYTES,  # each file's HDF5 chunk cache
     )
     # The weights are already loaded, so what is available now excludes them: add them back,
     # since the estimate counts them. The rest of the process (runtime, libraries) is resident
@@ -162,38 +163,44 @@ def capture_units(
     counter: PassCounter | None = None,
 ) -> int:
     """Capture contexts `done` .. the plan's end, one checkpoint unit at a time: run the model on
-    each batch (hooks registered once), write its rows into every file, and after each unit write
-    its tokens and flush progress. SIGTERM stops after the current batch and raises Interrupted
-    once the last completed unit is on disk. Returns the contexts done (all of them). `counter`
-    counts each batch's forward pass, through stop_at of n_layers blocks, as that fraction."""
+    each batch (hooks registered once), hand its rows to the writer thread (writer.py), which
+    writes them into every file while the next batch runs, and after each unit, once its rows
+    are written, write its tokens and flush progress. SIGTERM stops after the current batch and
+    raises Interrupted once the last completed unit is on disk. Returns the contexts done (all
+    of them). `counter` counts each batch's forward pass, through stop_at of n_layers blocks,
+    as that fraction."""
     from tqdm import tqdm
 
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
-    by_hook = {f.hook: f for f in files}
-    captured: dict[str, np.ndarray] = {}
+    # Sites may share a hook (mlp_in is resid_mid in a model without normalisation): a hook
+    # fills the slot rows of every file it feeds.
+    index: dict[str, list[int]] = {}
+    for i, f in enumerate(files):
+        index.setdefault(f.hook, []).append(i)
     store = getattr(torch, dtype)
+    rows = min(backoff.batch_size, p.unit) * p.per_context
+    filling: list[Slot] = []  # the slot the running forward's hooks fill
 
     def grab(act, hook):
         stored = act[:, p.skip :].to(store)
-        # A bf16 model's activation above 65504 becomes inf in float16; NaNs poison an SAE.
-        if not bool(torch.isfinite(stored).all()):
-            raise ValueError(
-                f"capture: {hook.name} has non-finite activations once stored as {dtype} "
-                "(overflow or NaN); use capture.dtype: float32 or model.dtype: float32"
-            )
-        captured[hook.name] = stored.to("cpu").numpy()
+        for i in index[hook.name]:
+            filling[0].take(i, stored)
 
     def run_batch(a: int, b: int) -> int:
-        captured.clear()
-        batch = torch.from_numpy(np.asarray(tokens[a:b], dtype=np.int64)).to(device)
-        with torch.inference_mode():
-            model(batch, stop_at_layer=p.stop_at)
+        filling[:] = [writer.slot()]
+        try:
+            host = host_tensor((b - a, p.context_length), torch.int64, device)
+            host.numpy()[:] = tokens[a:b]
+            with torch.inference_mode():
+                model(upload(host, device), stop_at_layer=p.stop_at)
+        except BaseException:
+            writer.release(filling[0])
+            raise
         if counter is not None:
             counter.forward(b - a, p.stop_at / model.cfg.n_layers)
         r0, r1 = (a - p.start) * p.per_context, (b - p.start) * p.per_context
-        for name, f in by_hook.items():
-            f.file["acts"][r0:r1] = captured[name].reshape(-1, d_model)
+        writer.submit(filling[0], r0, r1)
         return b - a
 
     def interrupted() -> Interrupted:
@@ -208,7 +215,13 @@ def capture_units(
         mininterval=1 if os.isatty(2) else 10,
         desc="capture",
     )
-    with sigterm_flag() as stop, model.hooks(fwd_hooks=[(h, grab) for h in by_hook]), bar:
+    hooks = [(h, grab) for h in index]
+    with (
+        sigterm_flag() as stop,
+        model.hooks(fwd_hooks=hooks),
+        bar,
+        BatchWriter(files, rows, d_model, dtype, device) as writer,
+    ):
         pos = p.start + done
         while pos < p.stop:
             unit_stop = min(p.stop, p.start + ((pos - p.start) // p.unit + 1) * p.unit)
@@ -218,6 +231,7 @@ def capture_units(
                 bar.update((pos - a) * p.per_context)
             if pos < unit_stop:  # interrupted inside a unit: keep the last completed one
                 raise interrupted()
+            writer.drain()  # the unit's rows are on disk before its progress is
             unit_tokens = np.asarray(tokens[p.start + done : unit_stop])
             r0, r1 = done * p.per_context, (unit_stop - p.start) * p.per_context
             for f in files:
@@ -328,7 +342,8 @@ def capture(
     device = str(next(model.parameters()).device)
     d_model = model.cfg.d_model
     files = [
-        PartialFile(site, layer, path, d_model) for (site, layer), path in sorted(targets.items())
+        PartialFile(site, layer, path, d_model, model.cfg.normalization_type)
+        for (site, layer), path in sorted(targets.items())
     ]
     p = plan(model, tokens, token_meta, [f.layer for f in files], opts, context_range)
     done, saved_batch = open_partials(p, files, opts.dtype)

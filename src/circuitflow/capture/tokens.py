@@ -84,12 +84,15 @@ def is_hub_dataset(source: str) -> bool:
 
 
 # --- synthetic ------------------------------------------------------------------------------------
-def synthetic_contexts(model_info: dict, seed: int, n_contexts: int, context_length: int):
+def synthetic_contexts(model_info: dict, seed: int, n_contexts: int, context_length: int,
+                       stream: str = "capture-corpus"):  # fmt: skip
+    """Documents of the embedded model's language, drawn block by block from the random
+    stream named `stream` (the token set's, or another: the features' held-out contexts)."""
     from circuitflow.model.language import LanguageConfig, SyntheticLanguage
 
     language = SyntheticLanguage(LanguageConfig(**model_info["language"]))
     out = np.empty((n_contexts, context_length), dtype=np.int32)
-    salt = stream_salt("capture-corpus")
+    salt = stream_salt(stream)
     for block, start in enumerate(range(0, n_contexts, BLOCK_CONTEXTS)):
         rng = np.random.default_rng([seed, salt, block])
         n = min(BLOCK_CONTEXTS, n_contexts - start)
@@ -153,6 +156,13 @@ def hub_documents(name: str, split: str, text_column: str) -> Iterator[str]:
         raise ValueError(f"capture.text_column: dataset {name!r} has no column {text_column!r}")
     for row in data.select_columns([text_column]):
         yield row[text_column]
+
+
+def corpus_documents(capture: CaptureConfig, source: str) -> Iterator[str]:
+    """The documents of `source` (corpus_source: a local path or a dataset name), in order."""
+    if Path(source).exists():
+        return local_documents(Path(source), capture.text_column)
+    return hub_documents(source, capture.split, capture.text_column)
 
 
 def pack(documents, tokenizer, n_contexts: int, context_length: int, source: str,
@@ -219,10 +229,7 @@ def build_token_set(
     if source == SYNTHETIC:
         tokens, bos = synthetic_contexts(info, seed, n_contexts, context_length)
     else:
-        if Path(source).exists():
-            docs = local_documents(Path(source), capture.text_column)
-        else:
-            docs = hub_documents(source, capture.split, capture.text_column)
+        docs = corpus_documents(capture, source)
         tokenizer = load_tokenizer(model_dir)
         short = None
         if stream:
@@ -254,11 +261,12 @@ def write_token_set(tokens: np.ndarray, meta: dict, npy_path: Path | str, json_p
     write_json(json_path, meta)
 
 
-def read_token_set(npy_path: Path | str, json_path: Path | str) -> tuple[np.ndarray, dict]:
-    """The contexts (memory-mapped, so only the slices in use are read) and their description."""
+def read_token_set(npy_path: Path | str, json_path: Path | str,
+                   rerun: str = "capture_tokens") -> tuple[np.ndarray, dict]:  # fmt: skip
+    """The contexts (memory-mapped, so only the slices in use are read) and their description;
+    `rerun`: the rule that writes them, which a message about a damaged file names."""
     from circuitflow import inputs
 
-    rerun = "capture_tokens"
     meta = inputs.json_file(json_path, ("n_contexts", "context_length"), rerun, "token set")
     try:
         tokens = np.load(inputs.existing_file(npy_path, rerun), mmap_mode="r")

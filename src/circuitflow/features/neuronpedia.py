@@ -28,7 +28,11 @@ The format was read from SAEDashboard's repository (github.com/jbloomAus/SAEDash
   - `activations`: a list of `bin_min`, `bin_max`, `bin_contains`, `tokens` (strings),
     `values`, `qualifying_token_index`; first the top contexts, with `bin_min` -1, `bin_max` the
     feature's maximum and `bin_contains` -1 (as the runner marks its top group), then each
-    quantile band's samples with the band's range and its share of the firing tokens;
+    quantile band's samples, the highest band first as the runner writes its intervals
+    (`sequence_data_generator.py`, its loop from the last interval down), with the band's range
+    and its share of the firing tokens. The runner's intervals are equal slices of [0, max]
+    and `bin_contains` the share of all tokens (zeros too) in one; ours are activation
+    quantiles of the firing tokens, their share of those (docs/outputs.md);
   - `neuron_alignment_*`, `correlated_neurons_*`, `correlated_features_*`,
     `decoder_weights_dist`, `vector`: empty lists (not computed here).
 
@@ -117,6 +121,13 @@ def _r(values) -> list[float]:
     return np.round(np.asarray(values, dtype=np.float64), 5).tolist()
 
 
+def band_order(band: pd.Series) -> pd.Series:
+    """Where a context's group goes in a feature's `activations`, as SAEDashboard writes them:
+    the top activations first, then the quantile bands from the highest down (its intervals
+    run from the highest to the lowest)."""
+    return (-band).where(band >= 0, -(2**31))
+
+
 def _activations(g: pd.DataFrame, max_activation: float) -> list[dict[str, Any]]:
     out = []
     for row in g.itertuples(index=False):
@@ -202,7 +213,8 @@ def write_batches(
         "sae_set": target.sae_set,
         "sae_id_suffix": target.sae_id_suffix,
     }
-    order = contexts.sort_values(["feature", "band", "rank"], kind="stable")  # top first
+    order = contexts.assign(_order=band_order(contexts["band"]))
+    order = order.sort_values(["feature", "_order", "rank"], kind="stable").drop(columns="_order")
     by_feature = dict(tuple(order.groupby("feature", sort=False)))
     rows = list(features.sort_values("feature").itertuples(index=False))
     with atomic_dir(folder) as tmp:

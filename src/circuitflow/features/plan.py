@@ -1,7 +1,8 @@
-"""The features stage's plan (rules features_*): which dictionaries share a job and its forward
-pass (`groups`), which contexts of the token set the pass reads (`contexts`), the job's peak
-memory (`estimate`, which the stage sizes its batches by) and, for circuitflow.resources (the
-rule table), its host memory (`job_bytes`) and counted work (`job_work`).
+"""The features stage's plan (rules features_*, and held_out_tokens before them): which
+dictionaries share a job and its forward pass (`groups`), which contexts of the token set the
+pass reads (`contexts`), the job's peak memory (`estimate`, which the stage sizes its batches
+by) and, for circuitflow.resources (the rule table), its host memory (`job_bytes`) and counted
+work (`job_work`).
 
 A job holds the model, every dictionary of its group (fp32) and one `collect.Collector` per
 dictionary, whose state is `state.state_bytes(F, k, samples)` whatever the number of tokens:
@@ -13,7 +14,9 @@ firing mask) and the firing entries' keys. After the pass the windows of every
 member are read in one sweep over the contexts they kept (`windows.read_windows_many`, the
 model once through the group's depth, `WINDOW_CHUNK` contexts at a time), then each member in
 turn gets its logit effects a block of features at a time (`logits.py`) and its tables built
-on the host.
+on the host. The sweep also counts the labels' candidate rules for every member
+(`label_counts_bytes`, with the group's `position_counts_bytes`), and a last pass over the
+held-out contexts (`held_out_contexts`, batched as the pass) counts the chosen ones.
 """
 
 from __future__ import annotations
@@ -22,9 +25,16 @@ import math
 from dataclasses import dataclass
 
 from circuitflow import dictionary_sources
-from circuitflow.capture.plan import context_length, token_set_contexts
+from circuitflow.capture.plan import TOKENIZE_TOKENS_PER_S, context_length, token_set_contexts
 from circuitflow.description import describe
-from circuitflow.features.state import N_BINS, QUANTILE_BANDS, state_bytes
+from circuitflow.features.state import (
+    CANDIDATES,
+    MAX_ATOMS,
+    N_BINS,
+    QUANTILE_BANDS,
+    n_cells,
+    state_bytes,
+)
 from circuitflow.memory import Estimate, estimate_forward, load_bytes, model_dtype_name
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
@@ -34,6 +44,7 @@ from circuitflow.sae.stream_plan import StreamGroup
 from circuitflow.sites import dictionary_sites
 
 RULE = "features"
+HELD_OUT_RULE = "held_out_tokens"  # the held-out contexts the labels are scored on
 WINDOW_CHUNK = 64  # contexts windows.read_windows reads at a time (its default)
 LOGIT_BLOCK = 1024  # features logits.top_logits reads out at a time (its default)
 # Per firing (token, feature) entry of a batch: nonzero's three int64 indices, the value, the
@@ -186,6 +197,22 @@ def readout_host_bytes(config: dict, n_features: int, n_members: int, t: int, vo
     return n_members * per_member + chunk + logits + table + n_features * (N_BINS * 8 + 720)
 
 
+def label_counts_bytes(config: dict, n_features: int, vocab: int, t: int) -> int:
+    """One member's label counts (scores.AtomCounts), the rules' choice and their scoring
+    alive together at most: per cell (rules.n_cells) an int32 count per slot (the candidates:
+    CANDIDATES tokens of each of 3 kinds a feature; the scored: the two labellers' and their
+    controls' tokens, 4 x MAX_ATOMS a feature) and an int64 count per feature, each twice."""
+    cells = n_cells(t)
+    slots = (3 * CANDIDATES + 4 * MAX_ATOMS) * n_features
+    return cells * (4 * slots + 8 * 2 * n_features)
+
+
+def position_counts_bytes(vocab: int, t: int) -> int:
+    """The group's scores.PositionCounts, the labels' and the held-out positions': int64 per
+    cell for each (kind, token)."""
+    return 2 * n_cells(t) * 8 * 3 * (vocab + 1)
+
+
 def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None = None) -> Estimate:
     """The job's peak memory as a function of its batch (contexts of the pass): the model and
     the group's dictionaries, every collector's state (`state.state_bytes`), the forward
@@ -211,7 +238,18 @@ def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None =
     tokens = 4 * token_set_contexts(config, cfg) * t
     readout = readout_host_bytes(config, d_sae, n, t, cfg.d_vocab)
     cuda = device.startswith("cuda")
-    device_readout = WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3
+    # The sweep also counts every member's labels on each chunk it reads (the firing entries),
+    # into counts on the device (labels); one member's go to the host as it is written.
+    counting = WINDOW_CHUNK * t * firing_per_token(config, d_sae) * BYTES_PER_FIRING
+    one = label_counts_bytes(config, d_sae, cfg.d_vocab, t)
+    # The held-out pass keeps every member's firing entries (position, feature: int64, and the
+    # activation) for the examples, copied to the host once at its end.
+    entries = n * held_out_contexts(config, cfg) * t * firing_per_token(config, d_sae) * 20
+    labels = n * one + position_counts_bytes(cfg.d_vocab, t) + entries
+    device_readout = (
+        WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3 + counting + labels
+    )
+    readout += one + (counting + labels if not cuda else 0)
     weights = fwd.weights + dictionaries
     return Estimate(
         weights=weights,
@@ -236,11 +274,29 @@ def planned_batch(config: dict) -> int:
 
 
 # --- the rule table's plan ------------------------------------------------------------------------
+def held_out_contexts(config: dict, model_cfg) -> int:
+    """Contexts of held_out_tokens's set: `features.held_out_tokens` counted tokens, whole
+    contexts (features/held_out.py)."""
+    _, counted = per_context(config, model_cfg)
+    return math.ceil(config["features"]["held_out_tokens"] / counted)
+
+
+def held_out_tokenized(config: dict, model_cfg) -> int:
+    """Tokens held_out_tokens makes: a text corpus is packed again up to the token set's end
+    before its own contexts; the embedded language draws its own only."""
+    t, _ = per_context(config, model_cfg)
+    before = token_set_contexts(config, model_cfg) if config["capture"]["corpus"] else 0
+    return (before + held_out_contexts(config, model_cfg)) * t
+
+
 def job_bytes(config: dict, rule: str, device: str, job: str | None = None) -> int:
     """Host bytes of a features job's work (`job`: its group's key): on the CPU its whole
     peak (`estimate`), on a GPU the token set's pages and the read-out's tables; a real
-    model's load where that is more."""
+    model's load where that is more. held_out_tokens: the packed stream and its contexts
+    (int32, with the tokenizer's int64 ids of a batch of documents: 16 bytes a token)."""
     cfg = architectures.model_cfg(config)
+    if rule == HELD_OUT_RULE:
+        return 16 * held_out_tokenized(config, cfg)
     host = estimate(config, group_of(config, job), device).host_peak(planned_batch(config))
     real = config["model"]["name"] != "embedded"
     return max(load_bytes(architectures.n_params(cfg)) if real else 0, host)
@@ -263,9 +319,12 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     """The pass (every context read through the group's deepest layer, in the model's dtype;
     each dictionary's encoder and collector in float32), the windows' sweep (at most every
     context again, through the deepest layer once for the group, each member's encoder on it:
-    `sweep_contexts`) and each member's logit effects (d_model x vocabulary per feature); the
-    token set read."""
+    `sweep_contexts`), the held-out pass the labels are scored on (`held_out_contexts`, the
+    same per context) and each member's logit effects (d_model x vocabulary per feature); the
+    token set read. held_out_tokens: tokenising (or drawing) its tokens."""
     cfg = architectures.model_cfg(config)
+    if rule == HELD_OUT_RULE:
+        return Work({}, other_seconds=held_out_tokenized(config, cfg) / TOKENIZE_TOKENS_PER_S)
     group = group_of(config, job)
     t, _ = per_context(config, cfg)
     n_contexts = wanted_contexts(config, cfg)
@@ -273,22 +332,24 @@ def job_work(config: dict, rule: str, job: str | None = None) -> Work:
     tokens = n_contexts * t
     forward = tokens * forward_flops_per_token(cfg, t, group.depth, unembed=False)
     encode = len(group.members) * tokens * encode_flops_per_token(cfg.d_model, d_sae)
-    reread = sweep_contexts(config, group, d_sae, n_contexts) * t
+    reread = (sweep_contexts(config, group, d_sae, n_contexts) + held_out_contexts(config, cfg)) * t
     forward += reread * forward_flops_per_token(cfg, t, group.depth, unembed=False)
     encode += len(group.members) * reread * encode_flops_per_token(cfg.d_model, d_sae)
     logits = len(group.members) * 2.0 * d_sae * cfg.d_model * cfg.d_vocab
     dtype = model_dtype_name(config, "cuda")
     flops = {"float32": encode + logits}
     flops[dtype] = flops.get(dtype, 0.0) + forward
-    return Work(flops, disk_bytes=4 * n_contexts * t)
+    return Work(flops, disk_bytes=4 * (n_contexts + held_out_contexts(config, cfg)) * t)
 
 
 def forward_equivalents_per_token(config: dict, job: str | None = None) -> float:
     """Forward-pass equivalents of a job per context read, as its summaries count them (summed
-    over its members): the pass and the windows' sweep, each through the group's depth."""
+    over its members): the pass, the windows' sweep and the held-out pass, each through the
+    group's depth."""
     cfg = architectures.model_cfg(config)
     group = group_of(config, job)
     n_contexts = wanted_contexts(config, cfg)
     d_sae = dictionary_width(config, cfg.d_model, group)
     sweep = sweep_contexts(config, group, d_sae, n_contexts) / max(n_contexts, 1)
-    return (1 + sweep) * group.depth / cfg.n_layers
+    held = held_out_contexts(config, cfg) / max(n_contexts, 1)
+    return (1 + sweep + held) * group.depth / cfg.n_layers

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from circuitflow import dictionary_sources, memory
@@ -33,7 +34,19 @@ from circuitflow.features import plan as fplan
 from circuitflow.features import write
 from circuitflow.features.collect import Collector
 from circuitflow.features.config import FeaturesConfig
+from circuitflow.features.held_out import examples as held_out_examples
+from circuitflow.features.labels import LABELLERS, label_columns, texts, token_rules
 from circuitflow.features.logits import top_logits
+from circuitflow.features.rules import KINDS, condition_names, position_keys
+from circuitflow.features.scores import (
+    AtomCounts,
+    PositionCounts,
+    Slots,
+    choose,
+    control_order,
+    score,
+)
+from circuitflow.features.state import CANDIDATES
 from circuitflow.features.windows import read_windows_many
 from circuitflow.io import atomic_path, sha256_file
 from circuitflow.perf import PassCounter
@@ -178,10 +191,13 @@ def feed(
 
 
 # --- read-out -------------------------------------------------------------------------------------
-def group_reader(model, members: list[Member], tokens: np.ndarray, rows: tuple[int, ...], counter):
+def group_reader(model, members: list[Member], tokens: np.ndarray, rows: tuple[int, ...], counter,
+                 counts: list | None = None, first: int = 0):  # fmt: skip
     """`windows.read_windows_many`'s reader for the group: token ids of contexts given by feed
     index (rows of the pass), the model run once through the deepest member's layer with every
-    member's hook cached, and each member's features on demand."""
+    member's hook cached, and each member's features on demand. `counts`: each member's
+    scores.AtomCounts, which every context read also feeds (the positions the `rules`
+    labeller chooses its rules on)."""
     device = next(model.parameters()).device
     order = np.asarray(rows, dtype=np.int64)
     hooks = sorted({m.hook for m in members})
@@ -191,47 +207,178 @@ def group_reader(model, members: list[Member], tokens: np.ndarray, rows: tuple[i
         ids = torch.from_numpy(np.asarray(tokens[order[fed_ids]], dtype=np.int64)).to(device)
         with torch.inference_mode():
             _, cache = model.run_with_cache(ids, names_filter=hooks, stop_at_layer=depth)
+            keys = position_keys(ids, first) if counts is not None else None
+            if keys is not None:
+                counts[0].where.update(*keys)  # one PositionCounts for the group
         counter.forward(len(ids), depth / model.cfg.n_layers)
 
         def acts_of(i: int) -> torch.Tensor:
             with torch.inference_mode():
-                return encode(members[i].sae, cache[members[i].hook]).cpu()
+                acts = encode(members[i].sae, cache[members[i].hook])
+                if keys is not None:
+                    counts[i].update(*keys, acts[:, first:].reshape(-1, acts.shape[-1]))
+                return acts.cpu()
 
         return ids.cpu(), acts_of
 
     return read
 
 
-def read_out(model, members: list[Member], tokens, rows, vocab, opts, first, metas, pass_total):
+def count_positions(members: list[Member], cache, ids: torch.Tensor, counts: list,
+                    first: int, entries: list | None = None, offset: int = 0) -> None:  # fmt: skip
+    """Feed every member's counts (and their shared PositionCounts) the positions of contexts
+    `ids` (from `first` on); `entries`: per member a list that gets the firing entries
+    (position counted from `offset`, feature, activation) on the host."""
+    keys, cells = position_keys(ids, first)
+    counts[0].where.update(keys, cells)
+    for i, (m, c) in enumerate(zip(members, counts, strict=True)):
+        acts = encode(m.sae, cache[m.hook])[:, first:]
+        acts = acts.reshape(-1, acts.shape[-1])
+        pos, feat = c.update(keys, cells, acts)
+        if entries is not None:  # kept on the device: one copy to the host at the end
+            entries[i].append((pos + offset, feat, acts[pos, feat]))
+
+
+def score_pass(model, members: list[Member], held: np.ndarray, batch: int, first: int,
+               counts: list, counter: PassCounter) -> list[tuple[np.ndarray, ...]]:  # fmt: skip
+    """Run the model over the held-out contexts `held`, `batch` at a time (halved on CUDA
+    out-of-memory), and feed every member's counts (the labels' scores). Returns each
+    member's firing entries (position counted over the held-out contexts, feature,
+    activation)."""
+    device = next(model.parameters()).device
+    hooks = sorted({m.hook for m in members})
+    depth = max(m.layer for m in members) + 1
+    backoff = memory.OOMBackoff(batch, str(device), stage="features")
+    per = held.shape[1] - first
+    entries: list[list] = [[] for _ in members]
+
+    def run(a: int, b: int) -> int:
+        ids = torch.from_numpy(np.asarray(held[a:b], dtype=np.int64)).to(device)
+        with torch.inference_mode():
+            _, cache = model.run_with_cache(ids, names_filter=hooks, stop_at_layer=depth)
+            count_positions(members, cache, ids, counts, first, entries, a * per)
+        counter.forward(b - a, depth / model.cfg.n_layers)
+        return b
+
+    done = 0
+    while done < len(held):
+        done = backoff.run(lambda bs, a=done: run(a, min(a + bs, len(held))))
+    return [tuple(torch.cat(part).cpu().numpy() for part in zip(*e, strict=True)) if e else
+            (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
+            for e in entries]  # fmt: skip
+
+
+def candidate_slots(kept: pd.DataFrame, tokens: np.ndarray, rows: tuple[int, ...],
+                    vocab: int) -> Slots:  # fmt: skip
+    """The tokens the `rules` labeller may name for each feature: of those at, before and after
+    the positions its top and quantile contexts were kept for (`kept`: write.kept_contexts,
+    contexts by feed index), the CANDIDATES most frequent of each kind (ties: the lower id)."""
+    row = np.asarray(rows, dtype=np.int64)[kept["context"].to_numpy()]
+    pos = kept["position"].to_numpy()
+    t = tokens.shape[1]
+    parts = []
+    for kind, shift in zip(KINDS, (0, -1, 1), strict=True):
+        at = pos + shift
+        ok = (at >= 0) & (at < t)
+        parts.append(pd.DataFrame({
+            "feature": kept["feature"].to_numpy()[ok], "kind": kind,
+            "token": np.asarray(tokens[row[ok], at[ok]], dtype=np.int64),
+        }))  # fmt: skip
+    seen = pd.concat(parts).value_counts(["feature", "kind", "token"]).rename("n").reset_index()
+    seen = seen.sort_values(["feature", "kind", "n", "token"], ascending=[True, True, False, True])
+    top = seen.groupby(["feature", "kind"], sort=False).head(CANDIDATES)
+    return Slots.of(top["feature"], top["kind"], top["token"], vocab)
+
+
+def read_out(model, members: list[Member], tokens, rows, vocab, opts, first, metas, pass_total,
+             held: np.ndarray, batch: int, seed: int):  # fmt: skip
     """Write every member's folder; returns their summaries. The windows of all members are
-    read in one sweep over the contexts they kept (the model once per context for the group).
-    Each member's cost (forward-pass equivalents a context read) is its share of the job's:
-    the pass over `rows` (`pass_total`) and the windows' sweep, divided among the members."""
+    read in one sweep over the contexts they kept (the model once per context for the group),
+    which also counts, per member, how well each candidate rule predicts firing there (the
+    `rules` labeller's choice); then one pass over the held-out contexts scores every
+    labeller's rules and their control. Each member's cost (forward-pass equivalents a context
+    read) is its share of the job's: the pass over `rows` (`pass_total`), the windows' sweep and
+    the held-out pass, divided among the members."""
+    device = next(model.parameters()).device
+    t = int(tokens.shape[1])
+    d_vocab = int(model.cfg.d_vocab)
     results = [m.collector.result() for m in members]
     kept = [write.kept_contexts(r) for r in results]
+    written = PositionCounts(d_vocab, t, device)  # the positions the labels are written from
+    choice = [
+        AtomCounts(candidate_slots(k, tokens, rows, d_vocab), m.sae.cfg.d_sae, written)
+        for k, m in zip(kept, members, strict=True)
+    ]
     sweep = PassCounter()
     windows = read_windows_many(
         [tuple(k[c].to_numpy() for c in ("feature", "context", "position")) for k in kept],
-        group_reader(model, members, tokens, rows, sweep),
+        group_reader(model, members, tokens, rows, sweep, choice, first),
         left=opts.window[0],
         right=opts.window[1],
         first_position=first,
+        every_dictionary=True,  # each member counts every context read
     )
+    conditions = condition_names(t)
+    tables, promoted = [], []
+    for m, stats, k, c in zip(members, results, kept, choice, strict=True):
+        logit = top_logits(m.sae, model, k=opts.promoted_tokens)
+        top = k[k["kind"] == "top"]
+        ids = np.asarray(tokens[np.asarray(rows)[top["context"].to_numpy()],
+                                top["position"].to_numpy()], dtype=np.int64)  # fmt: skip
+        value = stats.top_value[top["feature"].to_numpy(), top["rank"].to_numpy()]
+        by_name = {
+            "tokens": token_rules(top["feature"].to_numpy(), ids, value, len(stats.count)),
+            "rules": choose(c)[0],
+        }
+        live = stats.count > 0
+        order = control_order(live, seed)
+        by_name |= {f"{n}:control": r.take(order) for n, r in list(by_name.items())}
+        tables.append((by_name, live))
+        promoted.append((logit, [vocab[i[0]] if len(i) else "" for i in logit.top_ids]))
+    del choice  # the chosen rules are in `tables`
+    scored_at = PositionCounts(d_vocab, t, device)  # the held-out positions
+    scoring = [
+        AtomCounts(Slots.for_rules(list(by_name.values()), d_vocab), m.sae.cfg.d_sae, scored_at)
+        for (by_name, _), m in zip(tables, members, strict=True)
+    ]
+    held_cost = PassCounter()
+    fired = score_pass(model, members, held, batch, first, scoring, held_cost)
     summaries = []
-    for m, stats, wins, meta in zip(members, results, windows, metas, strict=True):
+    for i, (m, stats, wins, meta) in enumerate(zip(members, results, windows, metas, strict=True)):
+        (by_name, live), (logit, top_promoted) = tables[i], promoted[i]
+        scored = {name: score(r, scoring[i]) for name, r in by_name.items()}
+        label_cols, labels_summary = label_columns(
+            LABELLERS,
+            {
+                n: texts(by_name[n], vocab, conditions, top_promoted, by_name["tokens"])
+                for n in LABELLERS
+            },  # fmt: skip
+            {n: scored[n] for n in LABELLERS},
+            {n: scored[f"{n}:control"] for n in LABELLERS},
+            live,
+            opts.labeller,
+        )
+        labels_summary |= {
+            "held_out_contexts": len(held),
+            "held_out_tokens": scored_at.total,
+            "conditions": conditions,
+        }
         feats, ctx, summary = write.build(
-            stats, top_logits(m.sae, model, k=opts.promoted_tokens), None, vocab,
-            labeller=opts.labeller, window=opts.window, first_position=first, meta=meta,
-            windows=wins,
+            stats, logit, None, vocab, window=opts.window, first_position=first, meta=meta,
+            windows=wins, labels=label_cols, labels_summary=labels_summary,
         )  # fmt: skip
+        ex = held_out_examples(*fired[i], held, live, opts.explainer.examples, opts.window,
+                               first, seed)  # fmt: skip
+        ex = write.example_table(ex, vocab)
         # The collector counts contexts in the order fed; the files name token set rows.
         ctx["context"] = np.asarray(rows, dtype=np.int64)[ctx["context"].to_numpy()]
         share = PassCounter()
-        for part, total in (("pass", pass_total), ("windows", sweep.total())):
+        for part, total in (("pass", pass_total), ("windows", sweep.total()),
+                            ("held_out", held_cost.total())):  # fmt: skip
             with share.part(part):
                 share.forward(1, total / len(members))
         summary |= share.summary(len(rows), unit="context")
-        write.write(m.out, feats, ctx, summary)
+        write.write(m.out, feats, ctx, summary, ex)
         summaries.append(summary)
     return summaries
 
@@ -244,13 +391,17 @@ def run(
     tokens_json: Path | str,
     sae_dirs: list[Path | str],
     out_dirs: list[Path | str],
+    held_out: tuple[Path | str, Path | str],
     checkpoint_dir: Path | str | None = None,
     progress: bool = True,
 ) -> list[dict]:
     """The stage: every dictionary in `sae_dirs` (saes/{site}/layer_{layer}) into the matching
-    `out_dirs` (features/{site}/layer_{layer}); returns their summaries."""
+    `out_dirs` (features/{site}/layer_{layer}), its labels scored on the contexts of
+    `held_out` (held_out_tokens.npy and .json, features/held_out.py); returns their
+    summaries."""
     from circuitflow.capture.tokens import read_token_set
-    from circuitflow.errors import ConfigError
+    from circuitflow.errors import ConfigError, InputError
+    from circuitflow.features import held_out as held_out_tokens
     from circuitflow.model.load import load_model, load_tokenizer
     from circuitflow.nodes import site_layer
     from circuitflow.sae.files import check_sae_dir, load_sae
@@ -265,6 +416,14 @@ def run(
     for d in sae_dirs:  # before the model: a damaged dictionary is refused in a second
         check_sae_dir(d)
     tokens, token_meta = read_token_set(tokens_npy, tokens_json)
+    held, held_meta = held_out_tokens.read(*held_out)
+    if held_meta.get("held_out_from") != token_meta.get("token_set_hash") or (
+        held.shape[1] != tokens.shape[1]
+    ):
+        raise InputError(
+            f"{held_out[1]}: held out from another token set than {tokens_json}; rerun "
+            f"{held_out_tokens.RULE}"
+        )
     model_dir = Path(model_json).parent
     model = load_model(model_dir, config["device"], config["model"]["dtype"])
     device = next(model.parameters()).device
@@ -303,7 +462,7 @@ def run(
         summary_meta(m, members, config, token_set, chosen, pass_seconds, batch) for m in members
     ]
     summaries = read_out(model, members, tokens, chosen.rows, vocab, opts, first, metas,
-                         pass_total)  # fmt: skip
+                         pass_total, held, batch, config["seed"])  # fmt: skip
     total = sum(s["forward_equivalents_per_prompt"] for s in summaries)
     log.info("features: %d dictionaries, %d contexts, %.1f s pass, %.2f forward equivalents a "
              "context", len(members), len(chosen.rows), pass_seconds, total)  # fmt: skip

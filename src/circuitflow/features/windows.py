@@ -63,10 +63,12 @@ def read_windows_many(
     right: int = 4,
     chunk: int = 64,
     first_position: int = 0,
+    every_dictionary: bool = False,
 ) -> list[Windows]:
     """`read_windows` for several dictionaries at once: `entries[i]` = (feature, context,
     position) of dictionary i; `read(contexts)` = (tokens [n, T], acts_of) with `acts_of(i)`
-    dictionary i's activations [n, T, F_i] (asked for only where i kept one of the contexts, one
+    dictionary i's activations [n, T, F_i] (asked for only where i kept one of the contexts, or
+    for every dictionary with `every_dictionary`, where the reader counts what it reads; one
     dictionary at a time). One sweep over the union of the contexts, `chunk` at a time."""
     offsets = np.arange(-left, right + 1)
     out = []
@@ -90,6 +92,8 @@ def read_windows_many(
             hi = np.searchsorted(sorted_ctx, ctxs[-1], side="right")
             rows = order[lo:hi]
             if not len(rows):
+                if every_dictionary:
+                    acts_of(i)
                 continue
             acts = torch.as_tensor(acts_of(i)).float()
             local = np.searchsorted(ctxs, context[rows])

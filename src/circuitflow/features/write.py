@@ -8,7 +8,13 @@ folder appears complete or not at all).
 - `log10_density`: log10 of density (null for a dead feature);
 - `max_activation`, `mean_activation`: its largest activation; its mean where it fired;
 - `dead`, `dense`: never fired; density above `dense_threshold`;
-- `label`: the labeller's short label (`summary.json`'s `labeller`);
+- `label`, `labeller`: the label shown and the labeller that wrote it (labels.py);
+- `label_precision`, `label_recall`, `label_f1`: how well its rule predicts where the feature
+  fires on the held-out tokens (0 where there is nothing to divide; NaN where unscored);
+- `label_tp`, `label_fp`, `label_fn`: the held-out counts behind them;
+- `label_control_f1`: the F1 of another live feature's label of that labeller (the control);
+- `label_tokens`, `label_tokens_f1`, `label_rules`, `label_rules_f1`: each deterministic
+  labeller's label and held-out F1;
 - `hist`: counts of its positive activations in the bins `summary.json`'s `hist_edges`;
 - `promoted_ids`, `promoted_str`, `promoted_values`: the k tokens its decoder direction raises
   most through the unembedding (`logits.py`), descending;
@@ -35,9 +41,10 @@ folder appears complete or not at all).
 `summary.json`: `n_features`, `n_tokens`, `n_contexts`, `context_length`, `first_position`,
 `k`, `samples`, `seed`, `hist_edges` (the last is +inf, written null), `quantile_bands`,
 `dense_threshold`, `log_density_edges` and `log_density_hist` (over the features that fired),
-`dead` and `dense` (feature lists), `dead_fraction`, `dense_fraction`, `labeller`, `window`
-([left, right]), `final_norm` (how `logits.py` treated it), and whatever the caller passes as
-`meta` (site, layer, hook, dictionary kind, which tokens were read).
+`dead` and `dense` (feature lists), `dead_fraction`, `dense_fraction`, `labeller` (the labeller
+shown), `labels` (each labeller's held-out score distribution and control: labels.label_columns),
+`window` ([left, right]), `final_norm` (how `logits.py` treated it), and whatever the caller
+passes as `meta` (site, layer, hook, dictionary kind, which tokens were read).
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from circuitflow.features.collect import (
     QUANTILE_BANDS,
     FeatureStats,
 )
-from circuitflow.features.labels import Evidence, get
+from circuitflow.features.labels import shown, texts, token_rules
 from circuitflow.features.logits import Logits
 from circuitflow.features.windows import Reader, Windows, read_windows
 from circuitflow.io import atomic_dir, json_text, write_json, write_parquet
@@ -116,15 +123,18 @@ def build(
     logits: Logits,
     read: Reader | None,
     vocab: Sequence[str],
-    labeller: str = "tokens",
     window: tuple[int, int] = (12, 4),
     first_position: int = 0,
     meta: dict[str, Any] | None = None,
     windows: Windows | None = None,
+    labels: pd.DataFrame | None = None,
+    labels_summary: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """The three outputs: features, contexts (windows read through `read`, or `windows` read
     already for `kept_contexts(stats)`'s rows, in order) and the summary. `vocab[i]` is token
-    i's string."""
+    i's string. `labels`: the label columns, one row a feature (labels.label_columns), and
+    `labels_summary` summary.json's `labels`; without them, the tokens labeller's labels,
+    unscored."""
     ctx = kept_contexts(stats)
     if windows is None:
         windows = read_windows(
@@ -172,27 +182,17 @@ def build(
             "logit_hist": list(logits.hist),
         }
     )
-    label = get(labeller)
-    top = ctx[ctx["kind"] == "top"]
-    by_feature = {f: g for f, g in top.groupby("feature", sort=False)}
-    labels = []
-    for f in range(n):
-        g = by_feature.get(f)
-        tops = (
-            []
-            if g is None
-            else [w[q] for w, q in zip(g["token_str"], g["qualifying_index"], strict=True)]
-        )
-        ev = Evidence(
-            feature=f,
-            top_tokens=tops,
-            top_values=[] if g is None else g["activation"].tolist(),
-            promoted=feats.at[f, "promoted_str"],
-            suppressed=feats.at[f, "suppressed_str"],
-            windows=[] if g is None else list(zip(g["token_str"], g["values"], strict=True)),
-        )
-        labels.append(label(ev))
-    feats.insert(8, "label", labels)
+    if labels is None:  # unscored: the tokens labeller on the top contexts alone
+        top = ctx[ctx["kind"] == "top"]
+        ids = [int(w[q]) for w, q in zip(top["tokens"], top["qualifying_index"], strict=True)]
+        table = token_rules(top["feature"].to_numpy(), np.asarray(ids, dtype=np.int64),
+                            top["activation"].to_numpy(), n)  # fmt: skip
+        promoted = [p[0] if len(p) else "" for p in feats["promoted_str"]]
+        labels = unscored(texts(table, vocab, [""], promoted))
+        labels_summary = {"shown": "tokens", "config": "tokens", "labellers": {}}
+    at = feats.columns.get_loc("dense") + 1
+    for i, col in enumerate(labels.columns):
+        feats.insert(at + i, col, labels[col].to_numpy())
     summary = {
         **(meta or {}),
         "n_features": n,
@@ -212,23 +212,46 @@ def build(
         "dense": stats.dense.tolist(),
         "dead_fraction": len(stats.dead) / max(n, 1),
         "dense_fraction": len(stats.dense) / max(n, 1),
-        "labeller": labeller,
+        "labeller": str(labels["labeller"].iloc[0]) if n else "tokens",
         "window": list(window),
         "final_norm": FINAL_NORM,
     }
+    if labels_summary is not None:
+        summary["labels"] = labels_summary
     return feats, ctx, summary
 
 
+def example_table(examples: dict, vocab: Sequence[str]) -> pd.DataFrame:
+    """examples.parquet from held_out.examples' columns, with each window's token strings."""
+    table = pd.DataFrame(examples)
+    table["token_str"] = [[vocab[t] for t in w] for w in table["tokens"]]
+    return table
+
+
+def unscored(token_labels: list[str]) -> pd.DataFrame:
+    """The label columns of the tokens labeller's labels where nothing scored them (NaN)."""
+    nan = np.full(len(token_labels), np.nan)
+    cols = {"label": token_labels, "labeller": "tokens"}
+    cols |= {f"label_{c}": nan for c in ("precision", "recall", "f1", "tp", "fp", "fn")}
+    cols |= {"label_control_f1": nan, "label_tokens": token_labels, "label_tokens_f1": nan,
+             "label_rules": "", "label_rules_f1": nan}  # fmt: skip
+    return pd.DataFrame(cols)
+
+
 def write(
-    folder: Path | str, features: pd.DataFrame, contexts: pd.DataFrame, summary: dict
-) -> Path:
-    """Write the three files into `folder` (e.g. `feature_dir(outdir, site, layer)`),
-    replacing it as a whole only once every file is complete."""
+    folder: Path | str, features: pd.DataFrame, contexts: pd.DataFrame, summary: dict,
+    examples: pd.DataFrame | None = None,
+) -> Path:  # fmt: skip
+    """Write the files into `folder` (e.g. `feature_dir(outdir, site, layer)`), replacing it
+    as a whole only once every file is complete: features, contexts, summary and, where given,
+    the held-out examples."""
     folder = Path(folder)
     json_text(summary)  # fail before anything is written if the summary is not JSON
     with atomic_dir(folder) as tmp:
         write_parquet(tmp / "features.parquet", features)
         write_parquet(tmp / "contexts.parquet", contexts)
+        if examples is not None:
+            write_parquet(tmp / "examples.parquet", examples)
         write_json(tmp / "summary.json", summary)
     return folder
 
@@ -246,13 +269,18 @@ def read_neuronpedia_ids(folders: Sequence[Path | str]) -> dict[tuple[str, int],
 
 
 def read_labels(folders: Sequence[Path | str]) -> dict[tuple[str, int], dict[int, str]]:
-    """Each folder's labels by feature, keyed by the (site, layer) its summary.json names: what
-    the attribution stages put beside a feature wherever they show one."""
+    """Each folder's labels by feature as every place that shows a feature shows them (the
+    label with its held-out F1: labels.shown), keyed by the (site, layer) its summary.json
+    names: what the attribution stages put beside a feature wherever they show one."""
     out = {}
     for folder in map(Path, folders):
         summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
                                    "feature summary")  # fmt: skip
-        table = pd.read_parquet(folder / "features.parquet", columns=["feature", "label"])
-        labels = dict(zip(table["feature"].tolist(), table["label"].tolist(), strict=True))
+        table = pd.read_parquet(folder / "features.parquet")
+        f1 = table["label_f1"] if "label_f1" in table else pd.Series(np.nan, index=table.index)
+        labels = {
+            int(feat): shown(label, float(score))
+            for feat, label, score in zip(table["feature"], table["label"], f1, strict=True)
+        }
         out[(summary["site"], int(summary["layer"]))] = labels
     return out

@@ -49,7 +49,8 @@ def circuits(
             active = {site_layer(h): feat.active_features(runs.iv, h) for h in saes}
         ranked = circ.ranked_nodes(attr.components, attr.features, active)
     else:
-        ranked = component_nodes(model_cfg.n_layers, model_cfg.n_heads)
+        mlps = not getattr(model_cfg, "attn_only", False)
+        ranked = component_nodes(model_cfg.n_layers, model_cfg.n_heads, mlps)
     claimed = circ.graph_nodes(attr.graph, ranked)
     sizes = circ.circuit_sizes(len(ranked), cfg, [cfg.circuit_size])
     curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, selection, named=claimed)

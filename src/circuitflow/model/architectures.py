@@ -17,6 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from circuitflow.model import checkpoint
+
 if TYPE_CHECKING:  # imported where a model is built: planning needs only the shapes
     import torch
 
@@ -182,6 +184,8 @@ def n_params(cfg) -> int:
     attn = d * h * dh * 2 + h * dh + d + 2 * (d * kv * dh + kv * dh)  # Q, O; K, V (GQA)
     mlp = d * m * (3 if cfg.gated_mlp else 2) + m + d
     per_layer = attn + mlp + 2 * norm * d
+    if getattr(cfg, "attn_only", False):  # one norm a layer, before the heads
+        per_layer = attn + norm * d
     pos = cfg.n_ctx * d if cfg.positional_embedding_type == "standard" else 0
     unembed = d * cfg.d_vocab + cfg.d_vocab
     return cfg.n_layers * per_layer + cfg.d_vocab * d + pos + norm * d + unembed
@@ -271,8 +275,9 @@ def model_shape(pipeline_config: dict) -> ModelShape:
 
 def model_cfg(pipeline_config: dict):
     """The TransformerLens-like config of the model a pipeline config names, without loading it:
-    the embedded model's architecture, a local directory's config.json, a known real
-    architecture, else `model.n_layers` with a GPT-2-medium-like width."""
+    the embedded model's architecture, a TransformerLens checkpoint's tl_config.json, a local
+    directory's config.json, a known real architecture, else `model.n_layers` with a
+    GPT-2-medium-like width."""
     model = pipeline_config["model"]
     if model["name"] == "embedded":
         arch = pipeline_config["embedded"]["architecture"]
@@ -287,6 +292,8 @@ def model_cfg(pipeline_config: dict):
             positional_embedding_type="shortformer",
         )
         return cfg
+    if checkpoint.is_checkpoint(model["name"]):
+        return checkpoint.shape(model["name"])
     if (Path(model["name"]) / "config.json").is_file():
         return from_hf_config(read_hf_config(model["name"]))
     key = architecture_key(model["name"])

@@ -5,7 +5,9 @@ Three kinds, recorded in `model/model.json` under `kind`:
 * `embedded`: trained by the pipeline (see `model.embedded`), weights in safetensors;
 * `transformer_lens`: a TransformerLens model name, weights pre-fetched into the Hugging Face
   cache on a machine with internet, loaded offline in stage jobs;
-* `local_hf`: a local Hugging Face model directory.
+* `local_hf`: a local Hugging Face model directory;
+* `tl_checkpoint`: a TransformerLens checkpoint directory (config, safetensors weights and a
+  tokenizer; `model.checkpoint`), read where it lies: nothing to fetch.
 
 Real models load without TransformerLens's weight processing (no LayerNorm folding or
 centering), so the activations we capture are the Hugging Face model's own and reduced-precision
@@ -16,14 +18,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from circuitflow import inputs
-from circuitflow.devices import enable_fast_math, resolve_device, resolve_dtype
 from circuitflow.errors import ConfigError, InputError
 from circuitflow.io import sha256_file, sha256_files
-from circuitflow.model.architectures import hf_field
+from circuitflow.model import checkpoint
+from circuitflow.model.architectures import hf_field, n_params
+
+if TYPE_CHECKING:  # imported where a model loads: the model stage of a local directory needs none
+    import torch
 
 MODEL_JSON = "model.json"
 WEIGHTS = "weights.safetensors"
@@ -41,7 +45,8 @@ def official_model_name(name: str) -> str:
     except ValueError:
         raise ConfigError(
             f"model.name: {name!r} is neither 'embedded', a TransformerLens model name "
-            "(e.g. gpt2, Qwen/Qwen2.5-0.5B) nor a local directory with config.json"
+            "(e.g. gpt2, Qwen/Qwen2.5-0.5B) nor a local directory with config.json (a Hugging "
+            f"Face model) or {checkpoint.CONFIG} (a TransformerLens checkpoint)"
         ) from None
 
 
@@ -90,7 +95,11 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
     kind = info["kind"]
     # Damaged inputs are refused before TransformerLens's ~10 s import.
     weights = embedded_weights(model_dir, info) if kind == "embedded" else None
+    if kind == checkpoint.KIND:
+        checkpoint.verify(info["path"], info["weights_sha256"])
     from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from circuitflow.devices import enable_fast_math, resolve_device, resolve_dtype
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
@@ -112,6 +121,8 @@ def load_model(model_dir: Path | str, device: str = "auto", dtype: str = "auto",
         )
     elif kind == "local_hf":
         model = load_local_hf(info["path"], device, torch_dtype)
+    elif kind == checkpoint.KIND:
+        model = checkpoint.load(info["path"]).to(torch_dtype).to(device)
     else:
         raise InputError(f"{model_dir / MODEL_JSON}: unknown model kind {kind!r}")
     model.eval()
@@ -158,13 +169,15 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
 
     Runs on the login node (internet); stage jobs then load with the hub offline.
     """
+    local = Path(name)
+    if checkpoint.is_checkpoint(local):
+        return describe_checkpoint(local, name)
     _apply_hf_home(hf_cache)
     from transformer_lens import loading_from_pretrained as loading
 
-    local = Path(name)
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ConfigError(f"model.name: directory {local} has no config.json")
+            raise ConfigError(checkpoint.neither_kind(local))
         cfg = loading.get_pretrained_model_config(str(local.resolve()))
         weights = sorted(local.glob("*.safetensors")) or sorted(local.glob("*.bin"))
         return {
@@ -195,6 +208,22 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
     }
 
 
+def describe_checkpoint(model_dir: Path, name: str) -> dict:
+    """A TransformerLens checkpoint's model.json, from its files alone: nothing to fetch, no
+    TransformerLens (config.resolve checked it before any job)."""
+    shape = checkpoint.shape(model_dir)
+    fields = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
+              "normalization_type", "attn_only")  # fmt: skip
+    return {
+        "kind": checkpoint.KIND,
+        "name": name,
+        "path": str(model_dir.resolve()),
+        "architecture": {f: getattr(shape, f) for f in fields} | {"n_params": n_params(shape)},
+        "tl_config": checkpoint.read_fields(model_dir),
+        "weights_sha256": checkpoint.fingerprint(model_dir),
+    }
+
+
 def load_tokenizer(model_dir: Path | str):
     """The model's tokenizer alone (no weights), for building prompts."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -202,6 +231,8 @@ def load_tokenizer(model_dir: Path | str):
     info = read_model_json(model_dir)
     if info["kind"] == "embedded":
         return PreTrainedTokenizerFast.from_pretrained(Path(model_dir) / TOKENIZER_DIR)
+    if info["kind"] == checkpoint.KIND:
+        return checkpoint.load_tokenizer(info["path"])
     return AutoTokenizer.from_pretrained(info.get("snapshot") or info["path"])
 
 

@@ -10,9 +10,9 @@
   const d = data.dictionary;
   const PAGE = 200; // rows drawn at a time; "show more" draws the next ones
   const SHADE = [255, 127, 14]; // a token's background, its alpha the activation / the maximum
-  const SORTS = { feature: "feature", density: "density", max: "max", mean: "mean" };
+  const SORTS = { feature: "feature", f1: "f1", density: "density", max: "max", mean: "mean" };
   const COLUMNS = [
-    ["feature", "feature"], ["label", null], ["density", "density"],
+    ["feature", "feature"], ["label", null], ["label F1", "f1"], ["density", "density"],
     ["max activation", "max"], ["mean activation", "mean"],
   ];
   const state = { sort: "feature", descending: false, mode: "any", query: "", shown: PAGE,
@@ -67,12 +67,14 @@
       (byIndex || byLabel || byToken);
   }
 
-  // The matching features in the chosen order; ties (dead features, equal densities) by index.
+  // The matching features in the chosen order; ties (dead features, equal densities) by index;
+  // a missing value (an unscored label's F1) sorts below every number.
   function order(d) {
     const f = d.features, key = f[SORTS[state.sort]], sign = state.descending ? -1 : 1;
+    const value = (i) => (key[i] === null ? -1 : key[i]);
     const rows = [];
     for (let i = 0; i < f.feature.length; i++) if (matches(d, i)) rows.push(i);
-    return rows.sort((a, b) => sign * (key[a] - key[b]) || f.feature[a] - f.feature[b]);
+    return rows.sort((a, b) => sign * (value(a) - value(b)) || f.feature[a] - f.feature[b]);
   }
 
   function histogramSvg(bars, width, height, cls) {
@@ -91,13 +93,25 @@
     return svg;
   }
 
+  // summary.json's `labels`: each labeller's held-out mean F1, share at F1 >= 0.8, control.
+  function labelsLine(s) {
+    const L = s.labels;
+    if (!L) return `labels: ${s.labeller}`;
+    const each = Object.entries(L.labellers).map(([name, b]) =>
+      `${name}${name === L.shown ? " (shown)" : ""} mean F1 ${fmt(b.mean_f1)}, ` +
+      `${percent(b["share_f1_at_least_0.8"])} at F1 \u2265 ${L.strong_f1}, ` +
+      `control ${fmt(b.control.mean_f1)}`);
+    return `labels scored on ${L.held_out_tokens} held-out tokens: ${each.join("; ")}`;
+  }
+
   function drawSummary() {
     const s = d.summary;
     const lines = [
       `${s.n_features} features read over ${s.n_tokens} tokens (${s.n_contexts} contexts of ` +
         `${s.context_length}, from position ${s.first_position}); dead ${s.n_dead} ` +
         `(${percent(s.dead_fraction)}), dense ${s.n_dense} (${percent(s.dense_fraction)}, ` +
-        `density above ${fmt(s.dense_threshold)}); labels: ${s.labeller}`,
+        `density above ${fmt(s.dense_threshold)})`,
+      labelsLine(s),
       `logit effects: ${s.final_norm}`,
     ];
     const meta = Object.entries(d.meta).map(([k, v]) => `${k}: ${v}`).join("; ");
@@ -143,6 +157,7 @@
       if (f.dense[i]) tr.classList.add("dense");
       if (state.open === anchor(d, i)) tr.classList.add("selected");
       tr.append(make("td", { class: "num" }, String(f.feature[i])), make("td", {}, f.label[i]),
+                make("td", { class: "num" }, fmt(f.f1[i])),
                 make("td", { class: "num" }, fmt(f.density[i])),
                 make("td", { class: "num" }, fmt(f.max[i])),
                 make("td", { class: "num" }, fmt(f.mean[i])));
@@ -220,6 +235,18 @@
     return t;
   }
 
+  // How far to trust the label: its held-out F1 and the counts behind it, beside the control.
+  function scoreLine(d, i) {
+    const f = d.features, s = d.summary, L = s.labels || {};
+    if (f.dead[i]) return "dead: no label to score";
+    if (f.f1[i] === null) return "label unscored (a folder written before labels were scored)";
+    const predicted = f.tp[i] + f.fp[i], firing = f.tp[i] + f.fn[i];
+    return `label (${s.labeller}) F1 ${fmt(f.f1[i])} on ${L.held_out_tokens} held-out tokens: ` +
+      `precision ${fmt(f.precision[i])} (fires on ${f.tp[i]} of the ${predicted} tokens the ` +
+      `label names), recall ${fmt(f.recall[i])} (the label names ${f.tp[i]} of the ${firing} ` +
+      `tokens it fires on); control (another feature's label) F1 ${fmt(f.control_f1[i])}`;
+  }
+
   function drawCard(d, i) {
     const f = d.features, s = d.summary, max = f.max[i];
     const target = anchor(d, i);
@@ -236,6 +263,7 @@
     const parts = [
       title,
       make("p", { class: "label" }, f.label[i]),
+      make("p", { class: "score" }, scoreLine(d, i)),
       make("p", { class: "stats" },
            `density ${fmt(f.density[i])} (${f.count[i]} of ${s.n_tokens} tokens) \u00b7 ` +
            `max activation ${fmt(max)} \u00b7 mean activation ${fmt(f.mean[i])}` +

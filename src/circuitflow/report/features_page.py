@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from circuitflow.errors import InputError
+from circuitflow.features.labels import shown
 from circuitflow.io import json_text, write_text
 from circuitflow.nodes import BROWSER_INDEX, dictionary_anchor, dictionary_page, neuronpedia_pages
 
@@ -65,7 +66,7 @@ SHOWN = {
     "n_features", "n_tokens", "n_contexts", "context_length", "first_position", "k", "samples",
     "seed", "hist_edges", "quantile_bands", "dense_threshold", "log_density_edges",
     "log_density_hist", "dead", "dense", "dead_fraction", "dense_fraction", "labeller", "window",
-    "final_norm", "site", "layer", "neuronpedia_id",
+    "final_norm", "site", "layer", "neuronpedia_id", "labels",
 }  # fmt: skip
 
 
@@ -147,6 +148,7 @@ def dictionary_data(
 
     edges = summary["hist_edges"]
     meta = {k: v for k, v in summary.items() if k not in SHOWN and isinstance(v, str | int | float)}
+    scores = label_scores(feats)
     return {
         "key": dictionary_anchor(site, layer),
         "site": site,
@@ -159,7 +161,11 @@ def dictionary_data(
         "hist_edges": [float("inf") if e is None else e for e in edges],
         "features": {
             "feature": feats["feature"].astype(int).tolist(),
-            "label": feats["label"].astype(str).tolist(),
+            "label": [
+                shown(label, f1)
+                for label, f1 in zip(feats["label"].astype(str), scores["f1"], strict=True)
+            ],
+            **{name: _nullable(values) for name, values in scores.items()},
             "count": feats["count"].astype(int).tolist(),
             "density": significant(feats["density"]).tolist(),
             "max": significant(feats["max_activation"]).tolist(),
@@ -183,6 +189,30 @@ def dictionary_data(
     }
 
 
+# A label's held-out score on the card: its F1, precision and recall, the counts behind them
+# and its control (features.parquet's label_* columns; NaN where unscored, absent in a folder
+# written before labels were scored).
+SCORE_COLUMNS = {
+    "f1": "label_f1", "precision": "label_precision", "recall": "label_recall",
+    "tp": "label_tp", "fp": "label_fp", "fn": "label_fn", "control_f1": "label_control_f1",
+}  # fmt: skip
+
+
+def label_scores(feats: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The label score columns the page shows, by their short names (NaN where missing)."""
+    nan = np.full(len(feats), np.nan)
+    return {
+        short: feats[col].to_numpy(dtype=np.float64) if col in feats else nan
+        for short, col in SCORE_COLUMNS.items()
+    }
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    """Rounded for the page, NaN as null."""
+    rounded = significant(values)
+    return [None if np.isnan(v) else float(v) for v in rounded]
+
+
 def _asset(name: str) -> str:
     return resources.files("circuitflow.report").joinpath(name).read_text()
 
@@ -200,15 +230,19 @@ CONTROLS = """
     <option value="label">label</option><option value="token">token</option>
   </select> <input type="search" id="search" placeholder="e.g. 355, fires on, Paris"></label>
   <label>sort by <select id="sort">
-    <option value="feature">index</option><option value="density">density</option>
+    <option value="feature">index</option><option value="f1">label F1</option>
+    <option value="density">density</option>
     <option value="max">max activation</option><option value="mean">mean activation</option>
   </select></label>
   <label><input type="checkbox" id="descending"> descending</label>
   <span id="counts"></span>
 </div>
-<p class="help">A token search matches a token the feature fires on in its top contexts or one
-it promotes (whole tokens, ignoring case and surrounding spaces); a label search any part of the
-label. Click a row (or a column title to sort by it) to open the feature's card; its address
+<p class="help">A label says where its feature fires; its F1 (held-out tokens no dictionary
+was trained on and no label was written from) says how well: at 0.8 or more the label predicts
+the feature well, below 0.5 it is marked weak (docs/reading-results.md). A token search matches
+a token the feature fires on in its top contexts or one it promotes (whole tokens, ignoring case
+and surrounding spaces); a label search any part of the label. Click a row (or a column title
+to sort by it) to open the feature's card; its address
 (<code>#site.layer.fINDEX</code>) opens that card directly. In the contexts each token is shaded
 by the feature's activation on it relative to the feature's maximum; the boxed token is the one
 the context was kept for.</p>
@@ -296,15 +330,36 @@ def index_rows(folders: list[Path | str]) -> pd.DataFrame:
             "kind": s.get("dictionary_kind") or s.get("dictionary") or "n/a",
             "n_features": int(s["n_features"]), "dead_fraction": s["dead_fraction"],
             "dense_fraction": s["dense_fraction"], "n_tokens": int(s["n_tokens"]),
-            "page": dictionary_page(site, layer),
+            **_label_summary(s), "page": dictionary_page(site, layer),
         })  # fmt: skip
     if not rows:
         raise InputError("feature browser: no feature directories given")
     return pd.DataFrame(rows).sort_values(["layer", "site"], ignore_index=True)
 
 
+def _label_summary(summary: dict) -> dict[str, Any]:
+    """The shown labeller, its held-out mean F1 and share at F1 >= 0.8 and its control's mean F1
+    (summary.json's `labels`; None where the folder has none)."""
+    labels = summary.get("labels") or {}
+    block = (labels.get("labellers") or {}).get(labels.get("shown"), {})
+    return {
+        "labeller": labels.get("shown") or summary.get("labeller") or "n/a",
+        "label_mean_f1": block.get("mean_f1"),
+        "label_strong": block.get("share_f1_at_least_0.8"),
+        "label_control_f1": (block.get("control") or {}).get("mean_f1"),
+    }
+
+
+def _missing(x: float | None) -> bool:
+    return x is None or x != x  # None, or NaN (pandas' missing number)
+
+
+def _number(x: float | None) -> str:
+    return "n/a" if _missing(x) else f"{x:.3g}"
+
+
 def _percent(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * float(f'{x:.3g}'):.3g}%"
+    return "n/a" if _missing(x) else f"{100 * float(f'{x:.3g}'):.3g}%"
 
 
 # Sends an old single-page address (`features.html#resid_post.1.f355`) on to its page.
@@ -320,14 +375,18 @@ REDIRECT_JS = """(function () {
 def index_html(rows: pd.DataFrame, title: str = "Feature browser") -> str:
     """The index: a row per dictionary (index_rows) linking to its page."""
     head = ("<tr><th>dictionary</th><th>kind</th><th>features</th><th>dead</th><th>dense</th>"
-            "<th>tokens read</th></tr>")  # fmt: skip
+            "<th>tokens read</th><th>labels</th><th>label F1 (mean)</th><th>F1 &ge; 0.8</th>"
+            "<th>control F1</th></tr>")  # fmt: skip
     body = "".join(
         f'<tr id="{html.escape(r.dictionary)}" data-dictionary="{html.escape(r.dictionary)}">'
         f'<td><a href="{html.escape(r.page)}">{html.escape(r.site)} layer {r.layer}</a></td>'
         f"<td>{html.escape(r.kind)}</td><td class='num'>{r.n_features}</td>"
         f"<td class='num'>{_percent(r.dead_fraction)}</td>"
         f"<td class='num'>{_percent(r.dense_fraction)}</td>"
-        f"<td class='num'>{r.n_tokens}</td></tr>"
+        f"<td class='num'>{r.n_tokens}</td><td>{html.escape(r.labeller)}</td>"
+        f"<td class='num'>{_number(r.label_mean_f1)}</td>"
+        f"<td class='num'>{_percent(r.label_strong)}</td>"
+        f"<td class='num'>{_number(r.label_control_f1)}</td></tr>"
         for r in rows.itertuples()
     )
     intro = (
@@ -335,7 +394,11 @@ def index_html(rows: pd.DataFrame, title: str = "Feature browser") -> str:
         "(sortable by density and activation, searchable by index, label and token) and cards "
         "(activation histogram, highlighted contexts, logit effects). dead: features that never "
         "fired on the tokens the features stage read; dense: those that fired on more than its "
-        "features.dense_threshold of them. A graph page's click on a feature opens its card "
+        "features.dense_threshold of them. labels: the labeller each dictionary shows, its "
+        "labels' held-out mean F1 at predicting where their features fire, the share of "
+        "features whose label reaches F1 0.8, and the same mean F1 for labels permuted across "
+        "features (the control: what no relation scores). A graph page's click on a feature "
+        "opens its card "
         "(<code>features/{site}/layer_{layer}.html#site.layer.fINDEX</code>).</p>"
     )
     pages = {r.dictionary: r.page for r in rows.itertuples()}

@@ -33,11 +33,24 @@ class Architecture:
     # at d_sae = 32 d_in, measured by tests/helpers/memory_probe.py. None where that trainer
     # cannot train the architecture.
     sparse_wide_per_row: float | None = None
+    # The same for sae.stacked's gpu trainer, per member of its stack (float32 products: its
+    # pre-activations, scores, the dense selections A and AuxK's, their gradient products),
+    # measured by tests/helpers/memory_probe.py. None where it cannot train the architecture.
+    gpu_wide_per_row: float | None = None
 
     @property
     def sparse_trainer(self) -> bool:
-        """Whether sae.fast's sparse trainer can train it (`sae.trainer: auto` then does)."""
+        """Whether the trainers of TopK-like SAEs (sae.fast's, sae.stacked's) can train it."""
         return self.sparse_wide_per_row is not None
+
+    def wide(self, trainer: str) -> float:
+        """d_sae-wide float32 tensors per training row for `trainer` (fast, gpu, saelens)."""
+        wide = {"fast": self.sparse_wide_per_row, "gpu": self.gpu_wide_per_row}.get(
+            trainer, self.wide_per_row
+        )
+        if wide is None:
+            raise ValueError(f"sae.trainer {trainer} cannot train this architecture")
+        return wide
 
 
 def _topk(cfg, common):
@@ -82,9 +95,17 @@ def _standard(cfg, common):
 ARCHITECTURES: dict[str, Architecture] = {
     # SAELens has no TopK transcoder: sae/transcoder.py registers ours. BatchTopK is saved with
     # its learned threshold, as SAELens saves BatchTopK SAEs as JumpReLU.
-    "topk": Architecture(_topk, None, 11.0, "topk_transcoder", sparse_wide_per_row=3.1),
+    "topk": Architecture(
+        _topk, None, 11.0, "topk_transcoder", sparse_wide_per_row=3.1, gpu_wide_per_row=2.4
+    ),
+    # BatchTopK's topk over the whole [batch * d_sae] batch copies it on CPU (values, indices).
     "batchtopk": Architecture(
-        _batchtopk, None, 12.0, "jumprelu_transcoder", sparse_wide_per_row=6.8
+        _batchtopk,
+        None,
+        12.0,
+        "jumprelu_transcoder",
+        sparse_wide_per_row=6.8,
+        gpu_wide_per_row=7.0,
     ),
     "jumprelu": Architecture(_jumprelu, "l0", 9.5, "jumprelu_transcoder"),
     "standard": Architecture(_standard, "l1", 8.5, "transcoder"),

@@ -51,7 +51,7 @@ class JumpReLUConfig:
 # Hooks each dictionary kind reads a row from: a transcoder its MLP's input and output; a run of
 # both kinds is planned at the larger.
 HOOKS_READ = {"sae": 1, "transcoder": 2, "both": 2}
-TRAINERS = ("auto", "fast", "saelens")  # the schema's enum of sae.trainer (a test checks)
+TRAINERS = ("auto", "fast", "gpu", "saelens")  # the schema's enum of sae.trainer (a test checks)
 _S, _P, _T = _D["stream"], _D["pretrained"], _D["transcoders"]
 
 
@@ -113,8 +113,8 @@ class SAETrainConfig:
     checkpoint_every_tokens: int = _D["checkpoint_every_tokens"]
     dead_window_tokens: int = _D["dead_window_tokens"]
     eval_contexts: int = _D["eval_contexts"]
-    # auto: the fast sparse trainer (sae.fast) where the architecture has one, else SAELens's.
-    trainer: Literal["auto", "fast", "saelens"] = _D["trainer"]
+    # auto: the trainer measured fastest on the device (sae.trainers.choose).
+    trainer: Literal["auto", "fast", "gpu", "saelens"] = _D["trainer"]
     autocast: bool = _D["autocast"]
     compile: bool = _D["compile"]
     device: str = _TOP["device"]
@@ -134,11 +134,11 @@ class SAETrainConfig:
         """From an `sae` section, whole or partial (`extra`: `device`, `seed`)."""
         return typed(cls, d, "sae", **extra)
 
-    def uses_fast_trainer(self) -> bool:
-        """Whether sae.fast's sparse trainer trains this SAE (else SAELens's trainer)."""
-        if self.trainer == "auto":
-            return architectures.get(self.architecture).sparse_trainer
-        return self.trainer == "fast"
+    def trainer_on(self, device: str) -> str:
+        """The trainer that trains this dictionary on `device` (sae.trainers.choose)."""
+        from circuitflow.sae.trainer_choice import choose
+
+        return choose(self, device).trainer
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,11 +157,11 @@ def check(config: dict, dims: dict[str, int]) -> None:
     )
     where = "sae.d_sae" if sae["d_sae"] else "sae.expansion_factor * the model's d_model"
     architecture = architectures.get(sae["architecture"])
-    if sae["trainer"] == "fast" and not architecture.sparse_trainer:
+    if sae["trainer"] in ("fast", "gpu") and not architecture.sparse_trainer:
         fast = [name for name, a in architectures.ARCHITECTURES.items() if a.sparse_trainer]
         raise ConfigError(
-            f"sae.trainer: fast trains {', '.join(fast)} only, not {sae['architecture']}; "
-            "use auto or saelens"
+            f"sae.trainer: {sae['trainer']} trains {', '.join(fast)} only, not "
+            f"{sae['architecture']}; use auto or saelens"
         )
     fixed_l0 = architecture.controlled_coefficient is None
     if d_sae is not None and fixed_l0 and sae["k"] > d_sae:

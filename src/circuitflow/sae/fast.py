@@ -1,4 +1,4 @@
-"""The fast trainer for TopK and BatchTopK SAEs (`sae.trainer: fast`, which `auto` picks for them).
+"""The fast trainer for TopK and BatchTopK SAEs (`sae.trainer: fast`), made for CPUs.
 
 It optimises SAELens's objective on SAELens's schedule: the same SAE module (parameters,
 initialisation, saving), Adam, learning-rate schedule, gradient clipping, activation scaling,
@@ -30,19 +30,15 @@ Where this goes past SAELens, with the same maths:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from sae_lens.config import SAETrainerConfig
 from sae_lens.saes.sae import TrainStepOutput
 from sae_lens.training.optim import get_lr_scheduler
 
-from circuitflow.sae.config import SAETrainConfig
-from circuitflow.sae.sparsity import SparsityController
 from circuitflow.sae.trainer import ControlledSAETrainer
 from circuitflow.sae.transcoder import split
 
@@ -376,30 +372,3 @@ class SparseTopKTrainer(ControlledSAETrainer):
         self.n_forward_passes_since_fired[counts > 0] = 0
         self.act_freq_scores += counts
         self.n_frac_active_samples += self.cfg.train_batch_size_samples
-
-
-def build_trainer(
-    cfg: SAETrainConfig,
-    trainer_cfg: SAETrainerConfig,
-    sae: Any,
-    data_provider: Iterator[torch.Tensor],
-    controller: SparsityController | None = None,
-    after_step: Callable[[ControlledSAETrainer], None] | None = None,
-) -> ControlledSAETrainer:
-    """The trainer `cfg.trainer` asks for: the fast one, or SAELens's (compiled if asked; the
-    fast one has nothing compile speeds up: measured equal on CPU, its dense part being one
-    matmul, one multiply-add and topk)."""
-    if cfg.uses_fast_trainer():
-        cls = SparseTopKTrainer
-    else:
-        cls = ControlledSAETrainer
-        if cfg.compile:
-            # Compiles the per-step forward/loss; parameter names (and checkpoints) are unchanged.
-            sae.training_forward_pass = torch.compile(sae.training_forward_pass)
-    return cls(
-        cfg=trainer_cfg,
-        sae=sae,
-        data_provider=data_provider,
-        controller=controller,
-        after_step=after_step,
-    )

@@ -45,6 +45,7 @@ from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.metrics import evaluate_dictionary
 from circuitflow.sae.sparsity import SparsityController, plot_history
 from circuitflow.sae.trainer import ControlledSAETrainer, RunClock, dead_window_steps
+from circuitflow.sae.trainer_choice import Choice
 from circuitflow.sae.transcoder import is_transcoder, save_dictionary
 
 log = logging.getLogger(__name__)
@@ -230,11 +231,13 @@ def trained_metrics(
     held_out: HeldOut,
     device: str,
     planned_bytes: int,
+    choice: Choice,
 ) -> dict[str, Any]:
     """metrics.json of a trained dictionary (`cfg` with its batch size planned): `saved`, as
     reloaded from disk, measured spliced into `model` on `held_out` (a transcoder: the
     explained variance of the MLP's output, the losses with its MLP replaced), and how its
-    training went; `planned_bytes` the memory plan's peak of the training loop."""
+    training went; `planned_bytes` the memory plan's peak of the training loop, `choice` the
+    trainer that trained it and why (sae.trainers)."""
     site, layer = where
     since_fired = trainer.n_forward_passes_since_fired
     window = min(dead_window_steps(cfg), trainer.n_training_steps)
@@ -256,6 +259,7 @@ def trained_metrics(
         "peak_memory_mb": memory.peak_memory_bytes(device) / memory.MiB,
         "planned_memory_mb": planned_bytes / memory.MiB,
         "architecture": cfg.architecture,
+        "trainer": choice.to_dict(),
         **identity(saved, site, layer),
         "device": device,
         "resumed": session.resumed,

@@ -51,14 +51,14 @@ def estimate_sae_training(
     chunk_rows: int = 4096,
     storage_dtype: torch.dtype | str = "float16",
     resident: int = 0,
-    sparse: bool = False,
+    trainer: str = "saelens",
     n_files: int = 1,
 ) -> Estimate:
     """Peak memory of SAE training (the train_sae stage's loop) per training row.
 
     Device: `resident` bytes (the model, loaded for the spliced evaluation), the SAE's fp32
     parameters, gradients and Adam state (4 copies), and per row `wide_per_row` d_sae-wide
-    (`sparse_wide_per_row` for sae.fast's sparse trainer, `sparse`) and SAE_NARROW_PER_ROW
+    (sae.architectures' `Architecture.wide`, by `trainer`) and SAE_NARROW_PER_ROW
     d_in-wide fp32 tensors; Adam's step (SAE_OPTIMISER_COPIES) is the other
     phase. Host: the stream's shuffle buffer (whole HDF5 chunks, at most the file) as fp32, and
     while a buffer is refilled the next one is read (stored dtype), permuted and widened beside
@@ -71,9 +71,7 @@ def estimate_sae_training(
 
     params = sae_param_bytes(d_in, d_sae)
     arch = get(architecture)
-    wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
-    if wide is None:
-        raise ValueError(f"sae.fast cannot train {architecture}")
+    wide = arch.wide(trainer)
     narrow = SAE_NARROW_PER_ROW + 2 * (n_files - 1)
     per_row = int((wide * d_sae + narrow * d_in) * 4)
     block = max(1, min(chunk_rows, n_file_rows))

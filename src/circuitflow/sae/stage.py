@@ -2,12 +2,12 @@
 
 Steps: `resume_state` (the newest checkpoint, if it was made for this config and input: the
 fingerprint rule of sae.lifecycle), `plan` (the batch size, from memory when `sae.batch_size:
-auto`), `train` (SAELens's trainer, or for TopK and BatchTopK its sparse variant in sae.fast,
-streaming batches from the HDF5 file, checkpointing every `checkpoint_every_tokens` and on
-SIGTERM), then the SAE written in SAELens's format, reloaded from disk and measured on the model
-(`summarise`) into metrics.json, replacing the output directory atomically (sae.lifecycle's
-writer, as every source's). Checkpoints live outside the output directory, because Snakemake
-deletes a `directory()` output before a retry.
+auto`), `train` (the trainer sae.trainers picks: SAELens's, or for TopK and BatchTopK sae.fast's
+or sae.stacked's, streaming batches from the HDF5 file, checkpointing every
+`checkpoint_every_tokens` and on SIGTERM), then the SAE written in SAELens's format, reloaded
+from disk and measured on the model (`summarise`) into metrics.json, replacing the output
+directory atomically (sae.lifecycle's writer, as every source's). Checkpoints live outside the
+output directory, because Snakemake deletes a `directory()` output before a retry.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from circuitflow.sae import architectures
 from circuitflow.sae import plan as sae_plan
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
 from circuitflow.sae.data import ActivationStreamConfig, load_eval_contexts
-from circuitflow.sae.fast import build_trainer
 from circuitflow.sae.inputs import Inputs
 from circuitflow.sae.lifecycle import (
     HeldOut,
@@ -50,6 +49,8 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
+from circuitflow.sae.trainer_choice import Choice, choose, resumed
+from circuitflow.sae.trainers import build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def memory_estimate(
         shuffle_buffer_rows=cfg.shuffle_buffer_tokens,
         chunk_rows=info.chunk_rows,
         resident=resident,
-        sparse=cfg.uses_fast_trainer(),
+        trainer=cfg.trainer_on(device),
         n_files=HOOKS_READ[cfg.kind],
     )
 
@@ -112,6 +113,7 @@ class Trained:
     trainer: ControlledSAETrainer
     controller: SparsityController | None
     session: Session
+    choice: Choice  # which trainer, and why (metrics.json's `trainer`)
 
 
 def train(
@@ -137,6 +139,7 @@ def train(
         else None
     )
     clock = start_clock(state)
+    choice = resumed(choose(cfg, device), state)
     stream = inputs.stream(
         ActivationStreamConfig(
             batch_size=cfg.batch_size,
@@ -154,14 +157,14 @@ def train(
                 tr.n_training_samples,
                 tr.n_training_steps + 1,
                 lambda: trainer_tensors(tr),
-                lambda: trainer_state(tr, stream, clock, fp),
+                lambda: trainer_state(tr, stream, clock, fp) | {"trainer": choice.to_dict()},
             )
 
-        trainer = build_trainer(cfg, trainer_cfg, sae, stream, controller, after_step)
+        trainer = build_trainer(cfg, trainer_cfg, sae, stream, controller, after_step, choice)
         if state is not None:
             restore(trainer, tensors, state)
         session = fit(trainer, stream, device, clock)
-    return Trained(trainer, controller, session)
+    return Trained(trainer, controller, session, choice)
 
 
 # --- summarise and write --------------------------------------------------------------------------
@@ -178,7 +181,7 @@ def summarise(
     planned = memory_estimate(cfg, info, device, param_bytes(model)).total(int(cfg.batch_size))
     return trained_metrics(
         run.trainer, run.controller, run.session, cfg, saved_sae, (inputs.site, info.layer),
-        model, held_out, device, planned,
+        model, held_out, device, planned, run.choice,
     )  # fmt: skip
 
 

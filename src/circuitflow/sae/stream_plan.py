@@ -27,7 +27,7 @@ from circuitflow.memory import (
 )
 from circuitflow.model import architectures
 from circuitflow.model.flops import forward_flops_per_token
-from circuitflow.nodes import hook_name
+from circuitflow.nodes import hook_name, mlp_hook
 from circuitflow.perf import Work
 from circuitflow.perf import sae_training_flops_per_token as sae_flops
 from circuitflow.sae.plan import (
@@ -53,18 +53,18 @@ class StreamGroup:
     def hooks(self) -> list[str]:
         return [hook_name(site, layer) for site, layer in self.members]
 
-    def transcoder_pairs(self) -> dict[str, tuple[str, str]]:
+    def transcoder_pairs(self, normalization="LN") -> dict[str, tuple[str, str]]:
         """Each member that is a transcoder (an MLP output, sae.kind transcoder or both) by
-        hook: (MLP input, its hook)."""
-        return {hook_name(s, layer): (hook_name("mlp_in", layer), hook_name(s, layer))
+        hook: (MLP input on a model whose norms are `normalization`, its hook)."""
+        return {mlp_hook(layer): (hook_name("mlp_in", layer, normalization), mlp_hook(layer))
                 for s, layer in self.members if s == "mlp_out"}  # fmt: skip
 
-    def read_hooks(self, kind: str) -> list[str]:
+    def read_hooks(self, kind: str, normalization="LN") -> list[str]:
         """The hooks its forward passes capture: each member's, and for transcoders
         (`sae.kind` transcoder or both) each transcoder's MLP input before its output."""
         if kind == "sae":
             return self.hooks
-        pairs = self.transcoder_pairs()
+        pairs = self.transcoder_pairs(normalization)
         return [h for hook in self.hooks for h in pairs.get(hook, (hook,))]
 
     @property
@@ -156,7 +156,7 @@ def estimate_stream(
     storage_dtype: torch.dtype | str,
     device: str,
     batch_size: int,
-    sparse: bool,
+    trainer: str,
     token_bytes: int = 0,
     hooks_per_sae: int = 1,
 ) -> StreamEstimate:
@@ -165,7 +165,8 @@ def estimate_stream(
     moments, the buffers (`buffer_rows` rows of d_in in `storage_dtype` per hook, and the
     int64 order their rows are drawn in, on the device and as numpy on the host: two orders
     while a buffer is refilled); in a training step one SAE's gradients and its rows' tensors
-    (sae.architectures' `wide_per_row`, or `sparse_wide_per_row` for sae.fast) plus every
+    (sae.architectures' `Architecture.wide` for `trainer`; the gpu trainer steps every SAE
+    of the job at once, so its rows' tensors count `n_saes` times) plus every
     hook's float32 batch and one hook's gathered rows before they are widened; Adam's step
     (SAE_OPTIMISER_COPIES) as its own phase; in a refill, the forward pass's working memory per
     context (memory.estimate_forward, one hook's stored copy included) with the previous step's
@@ -179,9 +180,7 @@ def estimate_stream(
     weights = n_params * c
     params = sae_param_bytes(d, d_sae)
     arch = get(architecture)
-    wide = arch.sparse_wide_per_row if sparse else arch.wide_per_row
-    if wide is None:
-        raise ValueError(f"sae.fast cannot train {architecture}")
+    wide = arch.wide(trainer) * (n_saes if trainer == "gpu" else 1)
     order = buffer_rows * 8
     n_hooks = n_saes * hooks_per_sae
     buffer = n_hooks * buffer_rows * d * s + 2 * order
@@ -234,7 +233,7 @@ def config_estimate(config: dict, group: StreamGroup, device: str) -> StreamEsti
     return estimate_stream(
         cfg, architectures.n_params(cfg), model_dtype_name(config, device), t, group.depth,
         describe(config).widest(group.members), sae.architecture, len(group.members), rows,
-        config["capture"]["dtype"], device, training_batch(config), sae.uses_fast_trainer(),
+        config["capture"]["dtype"], device, training_batch(config), sae.trainer_on(device),
         token_bytes=4 * n_contexts * t, hooks_per_sae=HOOKS_READ[sae.kind],
     )  # fmt: skip
 

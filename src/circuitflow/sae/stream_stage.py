@@ -4,12 +4,13 @@ layers from the model's own activations, one stream of forward passes for all of
 Steps, as in sae.stage: `resume_state` (the group's newest checkpoint, if made for this config,
 token set and group: sae.lifecycle's fingerprint rule), `plan` (the SAE batch and the forward
 batch, from memory where not fixed; a resumed run keeps its own), `train` (SAELens's
-MultiSAETrainer stepping one of our trainers per SAE, ControlledSAETrainer or sae.fast's, in
-lockstep on a sae.stream.ModelActivationStream; checkpoints of every SAE and the stream position
-together, every `checkpoint_every_tokens` and on SIGTERM: sae.lifecycle's cadence), then each
-SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`, reloaded and measured on
-the model (`metrics.json`, as train_sae writes it, with the stream's counted forward passes;
-sae.lifecycle's writer). No activation file is read or written.
+MultiSAETrainer stepping one of our trainers per SAE in lockstep on a
+sae.stream.ModelActivationStream: ControlledSAETrainer, sae.fast's, or sae.stacked's, whose
+members of one shape step as one, as sae.trainers picks; checkpoints of every SAE and the
+stream position together, every `checkpoint_every_tokens` and on SIGTERM: sae.lifecycle's
+cadence), then each SAE saved in SAELens's format to its own `saes/{site}/layer_{layer}/`,
+reloaded and measured on the model (`metrics.json`, as train_sae writes it, with the stream's
+counted forward passes; sae.lifecycle's writer). No activation file is read or written.
 
 Checkpoint layout: `{checkpoint_dir}/step_{n}/` (sae.checkpoint) holds one tensor file with
 every member's weights, Adam state, firing statistics and RNG under `{i}/...` (member i, in the
@@ -38,7 +39,6 @@ from circuitflow.errors import InputError
 from circuitflow.perf import PassCounter
 from circuitflow.sae import architectures
 from circuitflow.sae.config import HOOKS_READ, SAETrainConfig
-from circuitflow.sae.fast import build_trainer
 from circuitflow.sae.lifecycle import (
     HeldOut,
     Session,
@@ -64,6 +64,8 @@ from circuitflow.sae.trainer import (
     trainer_state,
     trainer_tensors,
 )
+from circuitflow.sae.trainer_choice import Choice, choose, resumed
+from circuitflow.sae.trainers import build_group
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ def estimate(model, cfg: SAETrainConfig, src: StreamSource, n_saes: int, stop_at
     return _estimate_stream(
         model.cfg, n_params, next(model.parameters()).dtype, int(src.tokens.shape[1]), stop_at,
         d_sae, cfg.architecture, n_saes, buffer_rows, src.dtype, device, batch_size,
-        cfg.uses_fast_trainer(), token_bytes=src.tokens.nbytes,
+        cfg.trainer_on(device), token_bytes=src.tokens.nbytes,
         hooks_per_sae=HOOKS_READ[cfg.kind],
     )  # fmt: skip
 
@@ -184,6 +186,17 @@ class GroupTrainer(MultiSAETrainer):
 
     def _checkpoint_if_needed(self) -> None:
         self.after_step(self)
+
+    @torch.no_grad()
+    def _update_pbar(self, step_outputs, pbar, update_interval: int = 100) -> None:
+        """MultiSAETrainer's progress bar; the gpu trainer's stack shows the losses that have
+        landed on the host (reading this step's would synchronise)."""
+        stacks = {id(s): s for tr in self.trainers.values() if (s := getattr(tr, "stack", None))}
+        if not stacks:
+            return super()._update_pbar(step_outputs, pbar, update_interval)
+        if self.n_training_steps % update_interval == 0:
+            pbar.set_description(" / ".join(s.loss_description() for s in stacks.values()))
+            pbar.update(update_interval * self.cfg.train_batch_size_samples)
 
     @torch.no_grad()
     def _estimate_scaling_factors(self) -> None:
@@ -251,6 +264,7 @@ class GroupRun:
     stream: ModelActivationStream
     session: Session
     counter: PassCounter  # the stream's forward passes, every session's
+    choice: Choice  # which trainer, and why (metrics.json's `trainer`)
 
 
 def group_tensors(trainers: dict[str, ControlledSAETrainer]) -> dict[str, torch.Tensor]:
@@ -281,28 +295,33 @@ def train(
     cfg = dataclasses.replace(cfg, batch_size=p.batch_size)
     trainer_cfg = trainer_config(cfg, src, device)
     coefficient = architectures.get(cfg.architecture).controlled_coefficient
+    norms = model.cfg.normalization_type  # where a transcoder's input, site mlp_in, is
     counter = PassCounter()
     if state:
         counter.parts = dict(state["forward_equivalents"])
     stream = ModelActivationStream(
-        model, src.tokens, group.read_hooks(cfg.kind), p.layout, p.batch_size, p.batch_contexts,
-        group.depth,
+        model, src.tokens, group.read_hooks(cfg.kind, norms), p.layout, p.batch_size,
+        p.batch_contexts, group.depth,
         skip=src.skip, dtype=src.dtype, position=state["data_position"] if state else 0,
         counter=counter,
     )  # fmt: skip
-    trainers: dict[str, ControlledSAETrainer] = {}
     controllers: dict[str, SparsityController | None] = {}
-    pairs = group.transcoder_pairs() if cfg.kind != "sae" else {}
+    pairs = group.transcoder_pairs(norms) if cfg.kind != "sae" else {}
+    saes = []
     for hook in group.hooks:
         torch.manual_seed(cfg.seed)  # each SAE starts as train_sae's SAE of that hook would
         hook_in, hook_out = pairs.get(hook, (hook, ""))
-        sae = architectures.build_training_sae(cfg, model.cfg.d_model, hook_in, device, hook_out)
+        saes.append(
+            architectures.build_training_sae(cfg, model.cfg.d_model, hook_in, device, hook_out)
+        )
         controllers[hook] = (
             SparsityController(cfg.target_l0, cfg.l1_coefficient, cfg.controller)
             if coefficient
             else None
         )
-        trainers[hook] = build_trainer(cfg, trainer_cfg, sae, iter(()), controllers[hook])
+    choice = resumed(choose(cfg, device), state)
+    members = build_group(cfg, trainer_cfg, saes, list(controllers.values()), choice)
+    trainers = dict(zip(group.hooks, members, strict=True))
     clock = start_clock(state)
 
     def group_state(gt: GroupTrainer) -> dict[str, Any]:
@@ -317,6 +336,7 @@ def train(
             "batch_contexts": stream.batch_contexts,
             "wall_time_s": clock.elapsed(),
             "forward_equivalents": counter.parts,
+            "trainer": choice.to_dict(),
         }
 
     with checkpointing(ckpt_root, cfg, trainer_cfg.total_training_samples, state) as ckpts:
@@ -337,7 +357,7 @@ def train(
             group_trainer.n_training_steps = state["n_training_steps"]
             group_trainer.n_training_samples = state["n_training_samples"]
         session = fit(group_trainer, stream, device, clock)
-    return GroupRun(group_trainer, controllers, stream, session, counter)
+    return GroupRun(group_trainer, controllers, stream, session, counter, choice)
 
 
 # --- summarise and write --------------------------------------------------------------------------
@@ -364,7 +384,7 @@ def summarise(
     tr = run.trainer.trainers[hook]
     metrics = trained_metrics(
         tr, run.controllers[hook], run.session, cfg, saved_sae, member, hooked, held_out, device,
-        planned,
+        planned, run.choice,
     )  # fmt: skip
     contexts_trained = tr.n_training_samples / src.rows_per_context
     return metrics | {

@@ -170,7 +170,8 @@ class CleanRun:
 
 def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> CleanRun:
     n_layers = model.cfg.n_layers
-    ins = {hook_name("mlp_in", layer): layer for layer in range(n_layers)}
+    norms = model.cfg.normalization_type
+    ins = {hook_name("mlp_in", layer, norms): layer for layer in range(n_layers)}
     outs = {mlp_hook(layer): layer for layer in range(n_layers)}
 
     def wanted(name: str) -> bool:
@@ -356,7 +357,8 @@ class FrozenModel:
                     fn = only_head(layer, at.to(device), through[at, 1].to(device))
                     hooks.append((hook_name("resid_mid", layer), fn))
             hooks.append((mlp_hook(layer), put_mlp(layer)))
-            hooks.append((hook_name("mlp_in", layer), keep(read, layer)))
+            mlp_in = hook_name("mlp_in", layer, self.model.cfg.normalization_type)
+            hooks.append((mlp_in, keep(read, layer)))
         toks = self.tokens[None].expand(batch, -1)
         logits = self.model.run_with_hooks(toks, fwd_hooks=hooks)
         return logits, read, zs

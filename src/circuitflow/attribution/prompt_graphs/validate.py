@@ -65,7 +65,8 @@ def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
         frozen = {k: v for k, v in s.frozen.run.frozen.items() if k.endswith("hook_scale")}
         hooks += [(name, lambda act, hook: frozen[hook.name].expand_as(act)) for name in frozen]
     for layer in range(model.cfg.n_layers):
-        hooks += [(hook_name("mlp_in", layer), read(layer)), (mlp_hook(layer), write(layer))]
+        mlp_in = hook_name("mlp_in", layer, model.cfg.normalization_type)
+        hooks += [(mlp_in, read(layer)), (mlp_hook(layer), write(layer))]
     tokens = s.frozen.tokens[None].expand(batch, -1)
     with torch.no_grad():
         logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
