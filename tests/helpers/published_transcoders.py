@@ -133,6 +133,7 @@ def published_config(model_dir: Path, release: Path) -> dict:
                 "pretrained": {"path": str(release), "format": "mwhanna_transcoder",
                                "sae_id": "layer_{layer}.safetensors",
                                "neuronpedia_id": NEURONPEDIA_ID}},
-        "features": {"n_tokens": 1024},
+        # The labels' held-out tokens at the token set's size, not 16,384 (suite time).
+        "features": {"n_tokens": 1024, "held_out_tokens": 1024},
         "attribution": {"prompt_graphs": 2, "prompt_graph_scan": SCAN},
     }  # fmt: skip
