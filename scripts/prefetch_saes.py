@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Fetch the published dictionaries of a SAELens release (sae.pretrained release and sae_id)
-into the Hugging Face cache (needs internet: run on a login node), check each against the model
-and list them in prefetch.json, so the pretrained_sae jobs load them offline."""
+"""Fetch the published dictionaries of SAELens releases (sae.pretrained release and sae_id; with
+sae.kind both also sae.transcoders') into the Hugging Face cache (needs internet: run on a login
+node), check each against the model and list them in prefetch.json, so the pretrained_sae jobs
+load them offline."""
 
 from circuitflow import cli
 from circuitflow.sae.pretrained_stage import prefetch_stage
@@ -14,7 +15,8 @@ def run() -> None:
     args, config = cli.parse(parser)
     summary = prefetch_stage(config, args.model_json, args.out)
     print(
-        f"{summary['release']}: {len(summary['dictionaries'])} dictionaries ready offline in "
+        f"{', '.join(summary['releases'])}: {len(summary['dictionaries'])} dictionaries ready "
+        "offline in "
         f"{summary['hub_cache']}"
     )
 

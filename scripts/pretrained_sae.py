@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Use the published dictionaries of a group of sites and layers (rule pretrained_sae, sae.source
 pretrained): load the model once, then each member's dictionary (a SAELens release from the
-Hugging Face cache, offline, or a local directory), check it fits the run, write it to its --out
+Hugging Face cache, offline, a local directory, or a local copy of a release through its SAELens
+conversion), check it fits the run (a transcoder adapted to site mlp_in), write it to its --out
 directory in SAELens's format and evaluate it on the run's token set (metrics.json, as train_sae
 writes; nothing is trained).
 

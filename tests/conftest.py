@@ -32,6 +32,7 @@ SHARED_RUNS = {
     "default_results": "default-run",
     "small_results": "small-run",
     "local_hf_results": "local-hf-run",
+    "published_results": "published-run",
 }
 # Modules that read a shared run from a second group, handed out right after the runs and the
 # longest test: its worker waits for the run (computed once, by whichever worker asks first:
@@ -207,6 +208,45 @@ def local_hf_results(tiny_hf_model_dir, tmp_path_factory, worker_id) -> Path:
         (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
 
     return shared_run("local-hf-run", tmp_path_factory, worker_id, run)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, worker_id) -> Path:
+    """A Qwen3-architecture Hugging Face model with random weights (2 layers, d_model 32, norms'
+    weights away from one) and the tiny GPT-2's tokenizer, made once per session
+    (helpers.published_transcoders.make_tiny_qwen3): no download."""
+    from helpers.published_transcoders import make_tiny_qwen3
+
+    made = shared_run("tiny-qwen3", tmp_path_factory, worker_id, lambda w: make_tiny_qwen3(w))
+    return made.parent / "google" / "tiny-qwen3"
+
+
+@pytest.fixture(scope="session")
+def published_results(tiny_qwen3_dir, tmp_path_factory, worker_id) -> Path:
+    """The DAG to per-prompt graphs on circuit-tracer's transcoders (a mwhanna_transcoder
+    release's local copy, built for the tiny Qwen3: helpers.published_transcoders), hub
+    offline, once per session: prefetch_model, the prompts, the token set, one
+    pretrained_sae job for both layers, the features, the replacement score and the graphs.
+    Snakemake's output is kept in snakemake.log beside the results; the release beside them."""
+    from helpers.published_transcoders import (
+        D_SAE,
+        lay_out_mwhanna,
+        published_config,
+        transcoder_weights,
+    )
+
+    def run(workdir: Path) -> None:
+        weights = {layer: transcoder_weights(32, D_SAE, layer, skip=False) for layer in (0, 1)}
+        release = lay_out_mwhanna(workdir / "release", tiny_qwen3_dir, weights)
+        results = workdir / "results"
+        targets = [results / "attribution" / "ioi" / name
+                   for name in ("prompt_graphs", "prompt_graphs.html")]  # fmt: skip
+        targets.append(results / "saes" / "replacement.json")
+        config = published_config(tiny_qwen3_dir, release)
+        done = run_snakemake(config, workdir, *map(str, targets), env={"HF_HUB_OFFLINE": "1"})
+        (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
+
+    return shared_run("published-run", tmp_path_factory, worker_id, run)
 
 
 @pytest.fixture(scope="session")

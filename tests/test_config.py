@@ -101,17 +101,25 @@ BAD_CONFIGS = {
         {"sae": {"kind": "transcoder"}},
         ["sites: ['resid_post'] with sae.kind transcoder", "set sites: [mlp_out]"],
     ),
-    "published transcoders": (
+    "published transcoders named nowhere": (
         {"sites": ["mlp_out"], "sae": {"kind": "transcoder", "source": "pretrained"}},
-        ["sae.source: 'pretrained' with sae.kind transcoder", "capture or stream"],
+        ["sae.pretrained: sae.source pretrained needs release and sae_id", "or path"],
     ),
     "SAEs and transcoders both at mlp_out": (
         {"sites": ["resid_post", "mlp_out"], "sae": {"kind": "both"}},
         ["sites: ['resid_post', 'mlp_out'] with sae.kind both", "leave mlp_out out of sites"],
     ),
-    "published dictionaries beside trained transcoders": (
-        {"sae": {"kind": "both", "source": "pretrained"}},
-        ["sae.source: 'pretrained' with sae.kind both", "capture or stream"],
+    "transcoders apart without sae.kind both": (
+        {"sae": {"kind": "sae", "transcoders": {"source": "pretrained"}}},
+        ["sae.transcoders.source: only with sae.kind both", "not sae"],
+    ),
+    "capture and stream in one run": (
+        {"sae": {"kind": "both", "transcoders": {"source": "stream"}}},
+        ["sae.transcoders.source: stream with sae.source capture", "take both from the same"],
+    ),
+    "published transcoders named nowhere beside trained SAEs": (
+        {"sae": {"kind": "both", "transcoders": {"source": "pretrained"}}},
+        ["sae.transcoders: sae.transcoders.source pretrained needs release and sae_id"],
     ),
     "bad device": ({"device": "tpu"}, ["device", "tpu", "cuda"]),
     "negative count": (
@@ -216,14 +224,11 @@ def test_prompt_graphs_without_transcoders_say_why_none_is_drawn():
     set_it = {"attribution": {"prompt_graphs": 8}, "sae": {"kind": "sae"}}
     assert notes_of(set_it, config_files=files) == []
     assert len(notes_of(set_it, config_files=files, overrides=set_it)) == 1
-    # Published SAEs cannot be transcoders: the way to graphs is another run.
+    # Published dictionaries may be transcoders too: the way to graphs is the same.
     pretrained = cf.resolve({"sae": {"kind": "sae"}}, REPO)
     pretrained["sae"]["source"] = "pretrained"
     (line,) = cf.prompt_graph_notes(pretrained, 2, user_set=True)
-    assert line.endswith(
-        "sae.source pretrained loads SAEs only: train transcoders in a run of sae.source "
-        "capture or stream with sae.kind both"
-    )
+    assert line.endswith("set sae.kind both (SAEs and transcoders) or transcoder")
 
 
 @pytest.mark.parametrize("kind, sites", [("both", ["resid_post"]), ("transcoder", ["mlp_out"])])

@@ -242,3 +242,30 @@ def test_prompt_graphs_plan_each_transcoders_own_k(published, tmp_path):
     assert plan.active_features(trained, 5) == 2 * 16 * 5
     trained["sae"]["architecture"] = "jumprelu"
     assert plan.active_features(trained, 5) == 2 * 2 * 10 * 5
+
+
+def test_a_release_that_states_no_k_is_planned_at_twice_its_listed_l0(tmp_path):
+    """Gemma Scope 2's JumpReLU transcoders state no k: before and after the prefetch they are
+    planned at twice the L0 SAELens's pretrained_saes.yaml lists for each id (read here from
+    the installed file itself), not at the config's 2 x sae.target_l0."""
+    import importlib.util
+    import math
+
+    import yaml
+
+    config = cf_config.load(REPO / "config" / "gemma-3-270m-transcoders.yaml")
+    config["model"]["hf_cache"] = str(tmp_path)  # an empty cache: nothing fetched
+    spec = importlib.util.find_spec("sae_lens")
+    listed = yaml.safe_load(
+        (Path(next(iter(spec.submodule_search_locations))) / "pretrained_saes.yaml").read_text()
+    )
+    saes = {s["id"]: s for s in listed[config["sae"]["pretrained"]["release"]]["saes"]}
+    run = description.describe(config)
+    assert len(run.transcoders) == 18
+    want = [
+        math.ceil(2 * saes[config["sae"]["pretrained"]["sae_id"].format(layer=d.layer)]["l0"])
+        for d in run.transcoders
+    ]
+    assert [d.active for d in run.transcoders] == want
+    assert set(want) != {2 * config["sae"]["target_l0"]}  # not the config's plan
+    assert all(d.active_from.endswith("listed L0") for d in run.transcoders)

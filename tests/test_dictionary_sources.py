@@ -155,10 +155,13 @@ def test_a_source_added_by_its_registry_line_is_planned_as_its_record_says(monke
     line = fit.problem(original, jobs, small, machine)
     assert line is not None and fit.problem(renamed, jobs, small, machine) == line
     transcoders = {**renamed, "sites": ["mlp_out"], "sae": {**renamed["sae"], "kind": "transcoder"}}
+    sae_config.check_transcoders(transcoders)  # published transcoders, as pretrained's
+    sae_only = replace(dictionary_sources.named("published"), kinds=("sae",))
+    monkeypatch.setitem(dictionary_sources.SOURCES, "published", sae_only)
     with pytest.raises(
         ConfigError,
         match=r"^sae.source: 'published' with sae.kind transcoder; "
-        r"published makes sae.kind sae only: use sae.source capture or stream$",
+        r"published makes sae.kind sae only: use sae.source capture or stream or pretrained$",
     ):
         sae_config.check_transcoders(transcoders)
 
@@ -216,3 +219,41 @@ def test_the_workflow_runs_a_source_added_by_its_registry_line_and_enum(tmp_path
     assert any(rule.startswith("rule pretrained_sae_resid_pre_layer_") for rule in rules)
     assert not any(rule.startswith(("rule train_sae", "rule capture:")) for rule in rules)
     assert len(runs["published"]) > 20 and runs["published"] == runs["pretrained"]
+
+
+def test_saes_and_transcoders_from_different_sources_are_planned_as_their_parts():
+    """sae.kind both with sae.transcoders.source apart: each source's part of the run is a run of
+    its own dictionaries (its sites, sae.kind, sae.source), which its rules, groups and plans
+    read; the token set is sized for the source that trains on it; capture writes the
+    capturing part's sites alone."""
+    from circuitflow.sites import capture_sites
+
+    config = cf_config.resolve({"sae": {"kind": "both", "source": "pretrained",
+                                        "pretrained": {"release": "circuitflow-test/saes",
+                                                       "sae_id": "{site}/layer_{layer}"},
+                                        "transcoders": {"source": "stream"}}}, REPO)  # fmt: skip
+    pretrained, stream = (dictionary_sources.named(n) for n in ("pretrained", "stream"))
+    assert dictionary_sources.used(config) == [pretrained, stream]
+    saes, tcs = (dictionary_sources.part(config, s) for s in (pretrained, stream))
+    assert (saes["sites"], saes["sae"]["kind"], saes["sae"]["source"]) == (
+        ["resid_post"],
+        "sae",
+        "pretrained",
+    )
+    assert (tcs["sites"], tcs["sae"]["kind"], tcs["sae"]["source"]) == (
+        ["mlp_out"],
+        "transcoder",
+        "stream",
+    )
+    assert [g.members for g in stream_groups.stream_groups(tcs)] == [
+        (("mlp_out", 0),),
+        (("mlp_out", 1),),
+    ]
+    assert dictionary_sources.part_of_rule(config, "train_sae_stream") == tcs
+    assert dictionary_sources.token_set_source(config) == stream  # sae.total_tokens
+    assert not dictionary_sources.run_reads_activation_files(config)
+    captured = {**config, "sae": {**config["sae"], "source": "capture",
+                                  "transcoders": {**config["sae"]["transcoders"],
+                                                  "source": "pretrained"}}}  # fmt: skip
+    assert capture_sites(dictionary_sources.capture_part(captured)) == ["resid_post"]
+    assert dictionary_sources.token_set_source(captured).name == "capture"

@@ -479,11 +479,11 @@ def resolve(
     from circuitflow.capture import config as capture_config
     from circuitflow.sae import config as sae_config
 
-    def origin() -> Path:  # the folder a relative sae.pretrained.path resolves against
-        key = ("sae", "pretrained", "path")
+    def origin(section: str) -> Path:  # the folder a relative <section>.path resolves against
+        key = (*section.split("."), "path")
         return path_origin(key, Path(base_dir).absolute(), config_files, overrides)[0]
 
-    # sae.source pretrained: the templates, and each dictionary readable without its weights.
+    # Published dictionaries: the templates, and each dictionary readable without its weights.
     sae_config.check_pretrained(config, model_dims(config).get("d_model"), origin)
     capture_config.check_corpus(config, is_embedded(config))
     return config

@@ -17,6 +17,7 @@ description is not kept: the jobs are planned again after the prefetch, at the w
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,8 @@ class Dictionary:
     width: int  # its latents (d_sae)
     width_from: str  # where the width came from, in words
     # The most latents active at a position, as planned: a TopK or BatchTopK dictionary's k
-    # (a published one's from its cfg.json), else twice `sae.target_l0`.
+    # (a published one's from its config, else twice the L0 its release lists), else twice
+    # `sae.target_l0`; and where that came from, in words.
     active: int = 0
     active_from: str = ""
 
@@ -142,13 +144,12 @@ def published_view(
     it was read, or None where it cannot be read here (a release not fetched yet; a directory
     the job will refuse in one line)."""
     try:
-        d = published.dictionary_for(config["sae"]["pretrained"], site, layer)
+        d = published.dictionary_for(config, site, layer)
+        view = published.view_of(d, config["model"]["hf_cache"]) or {}
         if d.path is not None:
-            view, where = published.read_local(d.path), f"{d.path}/{published.CFG_FILE}"
+            where = f"{d.label}'s config" if d.converted else f"{d.path}/{published.CFG_FILE}"
         else:
-            rel = published.resolve_release(d.release, d.sae_id)
-            view = published.release_view(rel, config["model"]["hf_cache"]) or {}
-            where = f"{d.release} {d.sae_id}'s {published.CFG_FILE} in the Hugging Face cache"
+            where = f"{d.release} {d.sae_id}'s config in the Hugging Face cache"
     except (ConfigError, InputError, KeyError, TypeError):
         return None
     return (view, where) if isinstance(view.get("d_sae"), int) else None
@@ -162,36 +163,51 @@ def trained_active(sae: Mapping[str, Any]) -> tuple[int, str]:
     return int(2 * sae["target_l0"]), "2 x sae.target_l0"
 
 
+def release_active(config: Mapping[str, Any], site: str, layer: int) -> tuple[int, str] | None:
+    """Twice the L0 SAELens's directory lists for a published release's dictionary (Gemma
+    Scope 2's JumpReLU transcoders state no k), and where it came from; None where it lists
+    none or the dictionary is not a release's."""
+    try:
+        d = published.dictionary_for(config, site, layer)
+        if d.release is None:
+            return None
+        l0 = published.resolve_release(d.release, d.sae_id).published.get("l0")
+    except (ConfigError, KeyError, TypeError):
+        return None
+    return (math.ceil(2 * l0), f"2 x {d.release} {d.sae_id}'s listed L0") if l0 else None
+
+
 def _dictionaries(config: Mapping[str, Any], d_model: int) -> tuple[tuple[Dictionary, ...], bool]:
     sae = config["sae"]
     trained = trained_width(sae["d_sae"], sae["expansion_factor"], d_model)
     how = "sae.d_sae" if sae["d_sae"] else f"sae.expansion_factor x d_model {d_model}"
     active, active_how = trained_active(sae)
     found, known = [], True
-    # Published dictionaries (sae.source pretrained: made by sae.pretrained) have their own
-    # width and, TopK ones, their own k.
-    published_source = dictionary_sources.get(config).changes_dictionaries("sae.pretrained")
+    # Published dictionaries (sae.source pretrained, or the transcoders' sae.transcoders.source)
+    # have their own width and their own k (a TopK's in its config; else twice the L0 its
+    # release lists, where it lists one).
     for site in dictionary_sites(config):
+        published_source = dictionary_sources.source_of(config, site).changes_dictionaries(
+            "sae.pretrained"
+        )
         for layer in config["layers"]:
             width, where, k, k_where = trained, how, active, active_how
             if published_source:
                 read = published_view(config, site, int(layer))
+                view, cfg_file = read or ({}, "")
                 if read is None:
                     known = False
                     where = f"{how} (its cfg.json not readable yet: planned at the config's)"
                     k_where = f"{active_how} (its cfg.json not readable yet)"
                 else:
-                    view, cfg_file = read
                     width, where = view["d_sae"], cfg_file
-                    if isinstance(view.get("k"), int):
-                        k, k_where = view["k"], cfg_file
-                    else:
-                        k_where = f"{active_how} ({cfg_file} states no k)"
-            found.append(
-                Dictionary(
-                    site, int(layer), dictionary_kind(config, site), width, where, k, k_where
-                )
-            )
+                    k_where = f"{active_how} ({cfg_file} states no k)"
+                if isinstance(view.get("k"), int):
+                    k, k_where = view["k"], cfg_file
+                elif listed := release_active(config, site, int(layer)):
+                    k, k_where = listed
+            kind = dictionary_kind(config, site)
+            found.append(Dictionary(site, int(layer), kind, width, where, min(k, width), k_where))
     return tuple(found), known
 
 

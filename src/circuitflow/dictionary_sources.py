@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from circuitflow.errors import ConfigError
+from circuitflow.sites import dictionary_sites
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,10 @@ class DictionarySource:
 
 # Keys of a trained dictionary's config that change no weight: the checkpoint cadence, the
 # evaluation's contexts, and the other sources' settings.
-TRAINING_KEPT = ("sae.checkpoint_every_tokens", "sae.eval_contexts", "sae.stream", "sae.pretrained")
+TRAINING_KEPT = (
+    "sae.checkpoint_every_tokens", "sae.eval_contexts", "sae.stream", "sae.pretrained",
+    "sae.transcoders",
+)  # fmt: skip
 
 SOURCES: dict[str, DictionarySource] = {}
 
@@ -147,8 +151,8 @@ register(
         grouped=True,
         holds_group=False,
         trains=False,
-        kinds=("sae",),
-        dictionary_keys=("sae.pretrained",),
+        kinds=("sae", "transcoder", "both"),
+        dictionary_keys=("sae.pretrained", "sae.transcoders"),
         prefetch_rule="prefetch_saes",
     )
 )
@@ -169,8 +173,79 @@ def named(name: str) -> DictionarySource:
 
 
 def get(config: dict) -> DictionarySource:
-    """The source of a resolved config (its `sae.source`)."""
+    """The source of a resolved config (its `sae.source`): every dictionary's, but with
+    sae.kind both the transcoders' where sae.transcoders.source names another (`source_of`)."""
     return named(config["sae"]["source"])
+
+
+# --- a run whose SAEs and transcoders come from different sources ---------------------------------
+def transcoders_apart(config: dict) -> bool:
+    """Whether sae.kind both takes its transcoders from sae.transcoders (their source, and
+    where published which ones), apart from the SAEs' sae.source and sae.pretrained."""
+    sae = config["sae"]  # a job's section may hold only what it reads: nothing apart there
+    apart = (sae.get("transcoders") or {}).get("source")
+    return sae.get("kind") == "both" and apart is not None
+
+
+def source_of(config: dict, site: str) -> DictionarySource:
+    """The source of the dictionary at `site`: the transcoders' (mlp_out) sae.transcoders.source
+    where set (sae.kind both), every other's sae.source."""
+    if site == "mlp_out" and transcoders_apart(config):
+        return named(config["sae"]["transcoders"]["source"])
+    return get(config)
+
+
+def used(config: dict) -> list[DictionarySource]:
+    """The sources a run's dictionaries come from (the SAEs' first), each once."""
+    found = [config["sae"]["source"]]
+    if transcoders_apart(config):
+        found.append(config["sae"]["transcoders"]["source"])
+    return [named(name) for name in dict.fromkeys(found)]
+
+
+def part(config: dict, source: DictionarySource) -> dict:
+    """`config` as a run of `source`'s dictionaries alone would have it: its sites, sae.kind and
+    sae.source (`config` itself where every dictionary of the run comes from `source`). What
+    its rules, plans and jobs read, so each source's code sees a run of one source."""
+    if [s.name for s in used(config)] == [source.name]:
+        return config
+    sites = [s for s in dictionary_sites(config) if source_of(config, s).name == source.name]
+    # sae.transcoders stays: published transcoders are read from it (published.section_of).
+    kind = "transcoder" if sites == ["mlp_out"] else "sae"
+    return {**config, "sites": sites, "sae": dict(config["sae"], source=source.name, kind=kind)}
+
+
+def part_of_rule(config: dict, rule: str) -> dict:
+    """The part of the run (`part`) whose source's rules include `rule`; the run itself for any
+    other rule."""
+    source = of_rule(rule)
+    if source is None or source.name not in {s.name for s in used(config)}:
+        return config
+    return part(config, source)
+
+
+def run_reads_activation_files(config: dict) -> bool:
+    """Whether any of the run's sources reads capture's activation files."""
+    return any(s.reads_activation_files for s in used(config))
+
+
+def run_needs_token_set(config: dict) -> bool:
+    """Whether any of the run's sources reads the token set itself."""
+    return any(s.needs_token_set for s in used(config))
+
+
+def capture_part(config: dict) -> dict:
+    """The part of the run whose dictionaries are made from capture's activation files (what
+    capture writes for), the run itself where none or all are."""
+    reading = [s for s in used(config) if s.reads_activation_files]
+    return part(config, reading[0]) if reading else config
+
+
+def token_set_source(config: dict) -> DictionarySource:
+    """The source the token set is sized for: one that trains on it where the run has one
+    (sae.total_tokens), else the run's first (capture.n_tokens)."""
+    sources = used(config)
+    return next((s for s in sources if s.trains_on_token_set), sources[0])
 
 
 def making(kind: str) -> list[str]:

@@ -263,7 +263,7 @@ def problem(
         need = token_set_bytes(config)
         have, offer = node_memory(config, "capture_tokens", cluster, machine)
         if need > have:
-            key = dictionary_sources.get(config).token_set_key
+            key = dictionary_sources.token_set_source(config).token_set_key
             return (
                 f"{key}: {key_value(config, key)} tokens a layer need a {size(need)} token set in "
                 f"capture_tokens; {offer}"

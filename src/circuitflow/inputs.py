@@ -89,6 +89,16 @@ def safetensors_names(path: Path | str, stage: str | None = None) -> set[str]:
     return names
 
 
+def safetensors_shapes(path: Path | str, stage: str | None = None) -> dict[str, list[int]]:
+    """Each tensor's shape in the safetensors file `path`, from its header alone (checked as
+    safetensors_names checks it)."""
+    from safetensors import safe_open
+
+    safetensors_names(path, stage)
+    with safe_open(existing_file(path, stage), framework="pt") as f:
+        return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+
+
 def safetensors_file(path: Path | str, stage: str | None = None):
     """Every tensor of the safetensors file `path` (CPU), refusing a damaged file."""
     from safetensors.torch import load_file

@@ -105,6 +105,24 @@ def mlp_hook(layer: int) -> str:
     return f"blocks.{int(layer)}.hook_mlp_out"
 
 
+# A published dictionary's features on Neuronpedia: its id there (SAELens's `neuronpedia_id`,
+# e.g. qwen3-0.6b/0-transcoder-hp-lowl0) names the dictionary; a feature's page is the id, then
+# the feature's index.
+NEURONPEDIA = "https://www.neuronpedia.org"
+
+
+def neuronpedia_pages(neuronpedia_id: str | None) -> str | None:
+    """Where a dictionary's features' Neuronpedia pages are (each: this, then its index), from
+    the dictionary's Neuronpedia id (None: none)."""
+    return f"{NEURONPEDIA}/{neuronpedia_id}/" if neuronpedia_id else None
+
+
+def neuronpedia_url(neuronpedia_id: str | None, feature: int) -> str | None:
+    """A feature's Neuronpedia page, from its dictionary's Neuronpedia id (None: none)."""
+    pages = neuronpedia_pages(neuronpedia_id)
+    return f"{pages}{int(feature)}" if pages else None
+
+
 def dictionary_anchor(site: str, layer: int) -> str:
     """A dictionary's anchor in the report's feature browser (`resid_post.1`); its features'
     are `Node.anchor` (`resid_post.1.f355`)."""

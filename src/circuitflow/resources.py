@@ -181,7 +181,10 @@ def job_peak_bytes(
     entry = rule_of(rule)
     kind = entry.imports_embedded if embedded(config) and entry.imports_embedded else entry.imports
     args = (job,) if job else ()
-    work = entry.plan.job_bytes(config, rule, device_name, *args) if entry.plan else 0
+    # A dictionary source's rule plans the part of the run it makes (all of it, but for SAEs
+    # and transcoders from different sources).
+    part = dictionary_sources.part_of_rule(config, rule)
+    work = entry.plan.job_bytes(part, rule, device_name, *args) if entry.plan else 0
     return runtime_bytes(kind, device_name) + work
 
 
@@ -197,7 +200,8 @@ def job_work(config: dict, rule: str, behaviour: str | None = None) -> perf.Work
     behaviour; train_sae_stream: its group's key), from the config alone; None for rules that
     count none."""
     entry = rule_of(rule)
-    return entry.plan.job_work(config, rule, behaviour) if entry.plan else None
+    part = dictionary_sources.part_of_rule(config, rule)  # as job_peak_bytes plans it
+    return entry.plan.job_work(part, rule, behaviour) if entry.plan else None
 
 
 def measured_rates(config: dict, rule: str, cluster: Cluster) -> dict[str, float] | None:

@@ -440,12 +440,21 @@ def test_graph_edges_show_the_exact_weight_where_it_was_computed(tiny):
     # Every feature's label from the features stage (by site and layer), here its own name.
     names = {site_layer(h): {i: f"{h}:{i}" for i in range(s.cfg.d_sae)} for h, s in saes.items()}
     meta = {"seconds": {}, "method": cfg.method}
-    graph = stage.build_graph(prompts, scored, cfg, meta, labels=names)
+    # One SAE names its Neuronpedia id (a published one's): its features link their pages.
+    linked = sorted(names)[0]
+    graph = stage.build_graph(prompts, scored, cfg, meta, labels=names,
+                              neuronpedia={linked: "tiny-model/0-res"})  # fmt: skip
     for node in graph["nodes"]:
         feature = node["kind"] == "feature"
         own = names[(node["site"], node["layer"])][node["index"]] if feature else None
         assert node["label"] == own, node
+        page = f"https://www.neuronpedia.org/tiny-model/0-res/{node['index']}"
+        if feature and (node["site"], node["layer"]) == linked:
+            assert node["neuronpedia"] == page
+        else:
+            assert "neuronpedia" not in node
     assert any(node["label"] for node in graph["nodes"])
+    assert any("neuronpedia" in node for node in graph["nodes"])
     computed = {(e["source"], e["target"]): e for e in graph["computed_edges"]}
     validated = graph["edge_validation"]["edges"]
     assert len(validated) == 8

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from helpers.sae_data import contexts, tiny_model
-from helpers.transcoders import random_transcoders, replaced_logits
+from helpers.transcoders import random_skip_transcoders, random_transcoders, replaced_logits
 
 from circuitflow.attribution.prompt_graphs import files, heads, prune, replacement, validate
 from circuitflow.attribution.prompt_graphs.stage import linearity_error
@@ -111,6 +111,53 @@ def test_edges_are_direct_effects_measured_by_removing_each_source(setup, graph)
         edge = base - frozen_value(model, tokens, cache, embed, cut, target, tcs)
         assert graph.adjacency[row, err] == pytest.approx(edge, abs=1e-4)
     assert checked >= 4
+
+
+def test_a_skip_transcoders_linear_path_is_live_in_the_graph(setup):
+    """A skip transcoder's skip path (x W_skip^T of the MLP's input) is no node: the frozen
+    model computes it live, so an edge is what its source's removal changes through it too
+    (measured with each MLP output held at the clean value less its skip path, the skip path
+    added from the MLP's input in the same pass), every input is still exact, and the model
+    with the graph's error nodes spliced in is the real model."""
+    model, _, tokens = setup
+    tcs = random_skip_transcoders(model)
+    graph = replacement.build(model, tcs, tokens, ANSWER, DISTRACTOR, skip_bos=True,
+                              max_feature_nodes=10_000, batch_size=16)  # fmt: skip
+    assert linearity_error(graph) < 1e-4 * graph.inputs.abs().max()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([tokens]))
+    skips = {layer: cache[hook_name("mlp_in", layer)][0] @ tc.W_skip.T
+             for layer, tc in tcs.items()}  # fmt: skip
+    held = {layer: cache[mlp_hook(layer)][0] - skips[layer] for layer in tcs}
+    stash = {}
+    live = [(hook_name("mlp_in", layer), lambda a, hook, n=layer: stash.update({n: a}))
+            for layer in tcs]  # fmt: skip
+    live += [(mlp_hook(layer), lambda a, hook, n=layer: a + stash[n] @ tcs[n].W_skip.T)
+             for layer in tcs]  # fmt: skip
+    embed = cache[EMBED_HOOK][0]
+    target = (-1, len(tokens) - 1, 0)
+    base = frozen_value(model, tokens, cache, embed, held, target, tcs, live)
+    assert base == pytest.approx(graph.metric, abs=1e-4)
+    through_skip = 0.0
+    for pos in (1, len(tokens) // 2, len(tokens) - 2):
+        cut = embed.clone()
+        cut[pos] = 0
+        edge = base - frozen_value(model, tokens, cache, cut, held, target, tcs, live)
+        assert graph.adjacency[graph.logit_index, graph.token_index(pos)] == pytest.approx(
+            edge, abs=1e-4
+        ), pos
+        frozen = base - frozen_value(model, tokens, cache, cut, dict(cache_mlp(cache, tcs)),
+                                     target, tcs)  # fmt: skip
+        through_skip = max(through_skip, abs(edge - frozen))
+    assert through_skip > 1e-2  # the skip path carries part of the edges: the check can fail
+    pruned = prune.prune(graph.adjacency, graph.kinds(), 0.8, 0.98)
+    checked = validate.validate(graph, pruned.node_mask, pruned.node_influence, 5, 0.8)
+    assert checked["spliced_metric"] == pytest.approx(graph.metric, abs=1e-4)
+
+
+def cache_mlp(cache, tcs) -> dict:
+    """Each MLP's clean output, held whole (its skip path frozen with it)."""
+    return {layer: cache[mlp_hook(layer)][0] for layer in tcs}
 
 
 def test_replacement_model_with_its_error_nodes_is_the_real_model(setup):
@@ -226,6 +273,9 @@ CT_METADATA = ["slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "no
 CT_QPARAMS = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
 
 
+NEURONPEDIA = {0: "tiny/0-tc", 1: "tiny/1-tc"}  # each layer's transcoder's Neuronpedia id
+
+
 def test_graph_file_has_circuit_tracers_fields(setup, graph):
     model, _, tokens = setup
     kinds = graph.kinds()
@@ -233,17 +283,37 @@ def test_graph_file_has_circuit_tracers_fields(setup, graph):
     content = files.graph_file(
         graph, pruned, slug="p-0", scan="tiny", transcoder_list=[], prompt=" ".join(map(str,
         tokens)), prompt_tokens=[str(t) for t in tokens], node_threshold=0.8, answer_text="a",
-        distractor_text="b", answer_prob=0.5, extra={},
+        distractor_text="b", answer_prob=0.5, extra={}, neuronpedia=NEURONPEDIA,
     )  # fmt: skip
     content = json.loads(json.dumps(content))
     assert list(content)[:4] == ["metadata", "qParams", "nodes", "links"]
     assert list(content["metadata"]) == CT_METADATA and content["qParams"] == CT_QPARAMS
     ids = [n["node_id"] for n in content["nodes"]]
-    assert len(ids) == len(set(ids)), "node ids are unique (circuit-tracer's error ids are not)"
+    # Unique but for circuit-tracer's own ambiguity: an error node's id `0_{layer}_{pos}` is
+    # also layer 0's feature `layer` at `pos`.
+    features = {
+        n["node_id"] for n in content["nodes"] if n["feature_type"] != "mlp reconstruction error"
+    }
+    errors = [
+        n["node_id"] for n in content["nodes"] if n["feature_type"] == "mlp reconstruction error"
+    ]
+    assert len(features) + len(set(errors)) == len(ids)
     by_type = {}
     for node in content["nodes"]:
-        assert list(node) == CT_NODE_FIELDS
+        extra = ["circuitflow"] if node["feature_type"] == "cross layer transcoder" else []
+        assert list(node) == CT_NODE_FIELDS + extra
         by_type.setdefault(node["feature_type"], []).append(node)
+    for error in by_type["mlp reconstruction error"]:  # circuit-tracer's Node.error_node
+        layer, pos = int(error["layer"]), error["ctx_idx"]
+        assert (error["node_id"], error["feature"], error["jsNodeId"]) == (
+            f"0_{layer}_{pos}",
+            -1,
+            f"{layer}_{pos}-0",
+        )
+    for node in by_type["cross layer transcoder"]:  # its Neuronpedia page, by its transcoder
+        layer, feat, _ = map(int, node["node_id"].split("_"))
+        page = f"https://www.neuronpedia.org/tiny/{layer}-tc/{feat}"
+        assert node["circuitflow"] == {"neuronpedia": page}
     assert set(by_type) == {"cross layer transcoder", "mlp reconstruction error", "embedding",
                             "logit"}  # fmt: skip
     assert len(by_type["embedding"]) == len(tokens)  # every token, linked or not
@@ -452,3 +522,29 @@ def test_transcoders_at_some_layers_leave_the_other_mlps_whole_and_say_so(
     assert layer_one == {"mlp reconstruction error"}
     assert any(n["feature_type"] == "cross layer transcoder" and str(n["layer"]) == "0"
                for n in graph["nodes"])  # fmt: skip
+
+
+def test_the_scan_names_the_transcoder_set_as_circuit_tracer_does(tmp_path):
+    """metadata.scan: the configured name; else circuit-tracer's own set (a release of its
+    conversion) by its Hugging Face repository, with an empty transcoder_list as
+    circuit-tracer writes a named set; else the model and the transcoders' folders."""
+    from circuitflow.attribution.prompt_graphs.stage import scan_of
+
+    dirs = [tmp_path / f"layer_{layer}" for layer in (0, 1)]
+    config = {"attribution": {"prompt_graph_scan": None}, "model": {"name": "m"}}
+    for d in dirs:
+        d.mkdir()
+    assert scan_of(config, dirs) == ("m", [str(d) for d in dirs])
+    repo = "mwhanna/qwen3-0.6b-transcoders-lowl0"
+    for d in dirs:
+        (d / "metrics.json").write_text(
+            json.dumps({"repo_id": repo, "conversion": "mwhanna_transcoder"})
+        )
+    assert scan_of(config, dirs) == (repo, [])
+    (dirs[1] / "metrics.json").write_text(json.dumps({"repo_id": "other/repo", "conversion": None}))
+    assert scan_of(config, dirs)[0] == "m"  # not one circuit-tracer set
+    for d in dirs:  # a release circuit-tracer names otherwise (Gemma Scope 2's): no guess
+        (d / "metrics.json").write_text(json.dumps({"repo_id": repo, "conversion": "gemma_3"}))
+    assert scan_of(config, dirs)[0] == "m"
+    named = {**config, "attribution": {"prompt_graph_scan": "a-set"}}
+    assert scan_of(named, dirs) == ("a-set", [])

@@ -102,3 +102,26 @@ def replaced_logits(model, transcoders, errors: dict[int, torch.Tensor], tokens)
         block = replaced.blocks[layer]
         block.mlp = ReplacedMLP(tc, block, errors[layer])
     return replaced(tokens[None], return_type="logits")[0]
+
+
+def random_skip_transcoders(model, d_sae: int = 96, seed: int = 1) -> dict[int, object]:
+    """A skip transcoder per layer (SAELens's SkipTranscoder: ReLU features plus a linear skip
+    path x W_skip^T, as Gemma Scope 2's affine transcoders), random weights."""
+    from sae_lens import SkipTranscoder, SkipTranscoderConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    from circuitflow.nodes import hook_name, mlp_hook
+
+    g = torch.Generator().manual_seed(seed)
+    d = model.cfg.d_model
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        meta = SAEMetadata(hook_name=hook_name("mlp_in", layer), hook_name_out=mlp_hook(layer))
+        tc = SkipTranscoder(SkipTranscoderConfig(d_in=d, d_sae=d_sae, d_out=d, metadata=meta,
+                                                 apply_b_dec_to_input=False))  # fmt: skip
+        with torch.no_grad():
+            for p in tc.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+                p.requires_grad_(False)
+        out[layer] = tc.eval()
+    return out

@@ -10,7 +10,10 @@ from collections import defaultdict
 from circuitflow.resources import PER_GROUP_RULES
 from helpers.dag import REPO, SNAKEMAKE
 
-CONFIGS = ("gpt2-small", "qwen2.5-0.5b", "gpt2-small-res-jb")
+CONFIGS = (
+    "gpt2-small", "qwen2.5-0.5b", "gpt2-small-res-jb", "qwen3-0.6b-transcoders",
+    "gemma-3-270m-transcoders",
+)  # fmt: skip
 RULE = re.compile(r"^\s*(?:local)?rule (\S+):")
 RUNTIME = re.compile(r"\bruntime=(\d+)")
 # One row per rule, whatever its wildcards or group (train_sae_stream_resid_post_layer_0_to_11).

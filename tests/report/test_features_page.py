@@ -345,3 +345,19 @@ def test_command_line_and_bad_input(run, tmp_path):
     )
     with pytest.raises(ValueError, match="not a features/"):
         site_layer_of(tmp_path)
+
+
+def test_a_published_dictionarys_features_link_their_neuronpedia_pages(run, tmp_path):
+    """A dictionary whose summary.json names its Neuronpedia id (a published one's): its page
+    holds where its features' Neuronpedia pages are, and each card links its own."""
+    import shutil
+
+    folder = tmp_path / "features" / "resid_post" / "layer_0"
+    shutil.copytree(run.dirs[("resid_post", 0)], folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps(summary | {"neuronpedia_id": "m/0-res"}))
+    page = write_dictionary_page(folder, tmp_path / "page.html", N_TOP, N_PER_BAND)
+    assert page_data(page)["dictionary"]["neuronpedia"] == "https://www.neuronpedia.org/m/0-res/"
+    assert page_data(run.pages[("resid_post", 0)])["dictionary"]["neuronpedia"] is None
+    js = page.read_text()
+    assert "d.neuronpedia + f.feature[i]" in js  # the card's link: the pages, then its index

@@ -9,8 +9,8 @@ rule attribution:
         prompts=f"{OUT}/prompts/{{behaviour}}.parquet",
         baseline=f"{OUT}/baseline/{{behaviour}}.json",
         saes=spliced_sae_outputs(),
-        # Paired with the SAEs by the hook name each file records (sae.source: capture): they
-        # say whether the SAEs' rows leave BOS out.
+        # Paired with the SAEs by the hook name each file records (their sae.source capture):
+        # they say whether the SAEs' rows leave BOS out.
         acts=capture_outputs(SAE_SITES),
         features=features_outputs(SAE_SITES),  # each feature's label and top contexts
     output:

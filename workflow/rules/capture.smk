@@ -65,9 +65,9 @@ rule capture_tokens:
         " --out-npy {output.npy} --out-json {output.json} 2> {log}"
 
 
-# Only a dictionary source that reads activation files (sae.source capture) has them written:
-# stream and pretrained capture nothing.
-if SOURCE.reads_activation_files and SHARDS == 1:
+# Only a dictionary source that reads activation files (sae.source capture) has them written, for
+# its own dictionaries: stream and pretrained capture nothing.
+if READS_ACTIVATION_FILES and SHARDS == 1:
 
     rule capture:
         input:
@@ -95,7 +95,7 @@ if SOURCE.reads_activation_files and SHARDS == 1:
         shell:
             CAPTURE_CMD
 
-elif SOURCE.reads_activation_files:
+elif READS_ACTIVATION_FILES:
 
     rule capture_shard:
         input:

@@ -69,14 +69,27 @@ SITES = config["sites"]
 TRANSCODERS = cf_sites.trains_transcoders(config)
 SAE_SITES = cf_sites.sae_sites(config)
 DICTIONARY_SITES = cf_sites.dictionary_sites(config)
-# What capture writes: every dictionary's site, and for transcoders their input, mlp_in.
-CAPTURE_SITES = cf_sites.capture_sites(config)
+# Where the dictionaries come from (sae.source; with sae.kind both the transcoders may come from
+# sae.transcoders.source): each source's record (circuitflow.dictionary_sources) says which
+# rules make its dictionaries and what they read: the capture stage's files (capture), the
+# dictionary jobs' own forward passes over the token set (stream), or published ones
+# (pretrained). The rule files ask the records, never a source's name; each source's rules see
+# its part of the run (cf_sources.part: its sites, sae.kind and sae.source).
+SOURCE = cf_sources.get(config)  # the SAEs' (and, unless set apart, the transcoders')
+SOURCES = cf_sources.used(config)
+PARTS = {source.rule: cf_sources.part(config, source) for source in SOURCES}
+# The token set's size is the training source's, where a source trains on it (stream).
+TOKEN_SOURCE = cf_sources.token_set_source(config)
+READS_ACTIVATION_FILES = cf_sources.run_reads_activation_files(config)
+# What capture writes: every dictionary's site whose source reads activation files, and for
+# transcoders their input, mlp_in.
+CAPTURE_SITES = cf_sites.capture_sites(cf_sources.capture_part(config))
 
 
 wildcard_constraints:
     behaviour="|".join(BEHAVIOURS),
     layer=r"\d+",
-    site="|".join(CAPTURE_SITES),
+    site="|".join(dict.fromkeys(CAPTURE_SITES + DICTIONARY_SITES)),
 
 
 def config_json(*keys):
@@ -98,12 +111,12 @@ def tokens_config_json():
     source trains on the token set (sae.source stream) also its budget (sae.total_tokens
     training rows, sae.eval_contexts held out).
     """
-    if not SOURCE.trains_on_token_set:
+    if not TOKEN_SOURCE.trains_on_token_set:
         return config_json("seed", "model", "capture")
     cfg = cf_config.section(config, "seed", "model", "capture")
     cfg["sae"] = {
-        key: config["sae"][key] for key in ("source", "total_tokens", "eval_contexts")
-    }
+        key: config["sae"][key] for key in ("total_tokens", "eval_contexts")
+    } | {"source": TOKEN_SOURCE.name}
     return json_param(cfg)
 
 
@@ -114,11 +127,12 @@ def capture_config_json():
     return json_param(cfg | {"sites": CAPTURE_SITES})
 
 
-def stream_config_json():
-    """What the stream jobs read: the seed, device, model and SAE config, and of the capture
-    section how rows are cut, stored and batched (not capture.n_tokens)."""
+def stream_config_json(part):
+    """What the stream jobs read: the seed, device, model and SAE config of their part of the
+    run, and of the capture section how rows are cut, stored and batched (not
+    capture.n_tokens)."""
     keys = ("exclude_bos", "dtype", "max_batch_size", "memory_fraction")
-    cfg = cf_config.section(config, "seed", "device", "model", "sae")
+    cfg = cf_config.section(part, "seed", "device", "model", "sae")
     cfg["capture"] = {key: config["capture"][key] for key in keys}
     return json_param(cfg)
 
@@ -159,21 +173,16 @@ def provenance_outputs():
     ]
 
 
-# Where the dictionaries come from (sae.source): its record (circuitflow.dictionary_sources)
-# says which rules make them and what they read: the capture stage's files (capture), the
-# dictionary jobs' own forward passes over the token set (stream), or published ones
-# (pretrained). The rule files ask it, never the source's name.
-SOURCE = cf_sources.get(config)
 TOKEN_SET = [f"{OUT}/activations/tokens.npy", f"{OUT}/activations/tokens.json"]
 
 
 def capture_outputs(sites=None):
-    """The activation files capture writes (at `sites`: those of the given sites only)."""
-    if not SOURCE.reads_activation_files:
+    """The activation files capture writes (at `sites`: those of the given sites it writes)."""
+    if not READS_ACTIVATION_FILES:
         return []
     return expand(
         f"{OUT}/activations/{{site}}/layer_{{layer}}.h5",
-        site=CAPTURE_SITES if sites is None else sites,
+        site=[s for s in CAPTURE_SITES if sites is None or s in sites],
         layer=LAYERS,
     )
 
@@ -187,11 +196,12 @@ def dictionary_activations(wildcards):
 
 
 def sae_job_config_json(wildcards):
-    """What a train_sae job reads: the seed, device, model and SAE sections, sae.kind the kind
-    of its own dictionary (with sae.kind both, an SAE or a transcoder by its site), so a job
-    is the one a run of that kind alone would run."""
-    cfg = cf_config.section(config, "seed", "device", "model", "sae")
-    cfg["sae"] = cfg["sae"] | {"kind": cf_sites.dictionary_kind(config, wildcards.site)}
+    """What a train_sae job reads: the seed, device, model and SAE sections of its part of the
+    run, sae.kind the kind of its own dictionary (with sae.kind both, an SAE or a transcoder by
+    its site), so a job is the one a run of that kind alone would run."""
+    part = PARTS["train_sae"]
+    cfg = cf_config.section(part, "seed", "device", "model", "sae")
+    cfg["sae"] = cfg["sae"] | {"kind": cf_sites.dictionary_kind(part, wildcards.site)}
     return json_param(cfg)(wildcards)
 
 

@@ -1,44 +1,53 @@
-# Published dictionaries (sae.source: pretrained, or any source whose rule is pretrained_sae):
-# fetched once on the login node, then each site and layer's dictionary evaluated on the run's
-# tokens and written in SAELens's format, one job per group of sites and layers (grouped as the
-# streaming jobs are).
+# Published dictionaries (sae.source: pretrained, or with sae.kind both the transcoders'
+# sae.transcoders.source): fetched once on the login node, then each site and layer's
+# dictionary evaluated on the run's tokens and written in SAELens's format, one job per group of
+# sites and layers (grouped as the streaming jobs are).
 # Code: src/circuitflow/sae/pretrained.py (sources, checks), pretrained_stage.py (the stages),
 # src/circuitflow/stream_groups.py (the groups).
+from circuitflow import published as cf_published
 from circuitflow import stream_groups as cf_stream_groups
 
-if SOURCE.rule == "pretrained_sae":
-    PRETRAINED = config["sae"]["pretrained"]
+if "pretrained_sae" in PARTS:
+    PRETRAINED_PART = PARTS["pretrained_sae"]
     PRETRAINED_PREFETCH = f"{OUT}/pretrained/prefetch.json"
     # What the jobs read (editing sae.lr and the like reruns nothing): the device, the model,
-    # where the dictionaries come from, the evaluation's contexts, and whether BOS is left out
-    # of it (capture.exclude_bos, as for the token set); the prefetch also every site and layer.
+    # their sites and layers, where the dictionaries come from (sae.pretrained, and
+    # sae.transcoders for the transcoders of sae.kind both), the evaluation's contexts, and
+    # whether BOS is left out of it (capture.exclude_bos, as for the token set).
     PRETRAINED_CONFIG = {
         "device": config["device"],
         "model": config["model"],
+        "sites": PRETRAINED_PART["sites"],
+        "layers": LAYERS,
         "sae": {
-            "source": SOURCE.name,
-            "pretrained": PRETRAINED,
-            "eval_contexts": config["sae"]["eval_contexts"],
+            key: PRETRAINED_PART["sae"][key]
+            for key in ("source", "kind", "pretrained", "transcoders", "eval_contexts")
         },
         "capture": {"exclude_bos": config["capture"]["exclude_bos"]},
     }
-    PRETRAINED_PREFETCH_CONFIG = PRETRAINED_CONFIG | {"layers": LAYERS, "sites": SITES}
-    # Each job's input: a local dictionary's files (an edit reruns its job), or the prefetch's
-    # record, for its order only: adding a layer fetches it without rerunning the others.
+    PRETRAINED_DICTIONARIES = {
+        (d.site, str(d.layer)): d for d in cf_published.dictionaries(PRETRAINED_PART)
+    }
+    # Each job's input: a local dictionary's files (an edit reruns its job; a local copy of a
+    # release: its file or folder), or the prefetch's record, for its order only: adding a
+    # layer fetches it without rerunning the others.
     PRETRAINED_INPUT = {
-        (site, str(layer)): (
+        key: (
             [ancient(PRETRAINED_PREFETCH)]
-            if PRETRAINED["path"] is None
-            else [
-                Path(PRETRAINED["path"].format(site=site, layer=layer)) / name
-                for name in ("cfg.json", "sae_weights.safetensors")
-            ]
+            if d.path is None
+            else (
+                [Path(d.path) / d.sae_id]
+                if d.converted
+                else [
+                    Path(d.path) / name
+                    for name in ("cfg.json", "sae_weights.safetensors")
+                ]
+            )
         )
-        for site in SITES
-        for layer in LAYERS
+        for key, d in PRETRAINED_DICTIONARIES.items()
     }
 
-    if PRETRAINED["release"] is not None:
+    if any(d.path is None for d in PRETRAINED_DICTIONARIES.values()):
 
         localrules:
             prefetch_saes,
@@ -57,7 +66,7 @@ if SOURCE.rule == "pretrained_sae":
             conda:
                 "../../envs/circuitflow.yaml"
             params:
-                cfg=json_param(PRETRAINED_PREFETCH_CONFIG),
+                cfg=json_param(PRETRAINED_CONFIG),
             shell:
                 stage("prefetch_saes", online=True)
                 + " --config {params.cfg} --model-json {input.model} --out {output} 2> {log}"
@@ -67,7 +76,7 @@ if SOURCE.rule == "pretrained_sae":
     # still written to its own saes/{site}/layer_{layer}/. One rule per group, all with the rule
     # table's resources of pretrained_sae (memory and walltime of that group).
     try:
-        PRETRAINED_GROUPS = cf_stream_groups.stream_groups(config, CLUSTER)
+        PRETRAINED_GROUPS = cf_stream_groups.stream_groups(PRETRAINED_PART, CLUSTER)
     except cf_config.ConfigError as err:
         raise WorkflowError(f"config error: {err}") from None
     for group in PRETRAINED_GROUPS:
@@ -106,7 +115,7 @@ if SOURCE.rule == "pretrained_sae":
                 cfg=json_param(PRETRAINED_CONFIG),
                 members=" ".join(f"{site}:{layer}" for site, layer in group.members),
             shell:
-                stage(SOURCE.script)
+                stage(cf_sources.of_rule("pretrained_sae").script)
                 + " --config {params.cfg} --members {params.members}"
                 " --model-json {input.model} --tokens-npy {input.npy}"
                 " --tokens-json {input.json} --out {output} > {log} 2>&1"

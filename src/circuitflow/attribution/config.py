@@ -34,6 +34,7 @@ class AttributionConfig:
     top_features_plot: int = _D["top_features_plot"]
     # Per-prompt replacement graphs on transcoders (sae.kind transcoder; prompt_graphs/).
     prompt_graphs: int = _D["prompt_graphs"]  # the first N prompts of each behaviour
+    prompt_graph_scan: str | None = _D["prompt_graph_scan"]  # metadata.scan; None: derived
     prompt_graph_node_threshold: float = _D["prompt_graph_node_threshold"]
     prompt_graph_edge_threshold: float = _D["prompt_graph_edge_threshold"]
     max_feature_nodes: int = _D["max_feature_nodes"]

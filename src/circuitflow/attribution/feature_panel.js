@@ -20,11 +20,16 @@ function featureBrowser(href) {
   tab.className = "browser";
   tab.target = "_blank";
   tab.textContent = "open in a new tab";
+  // A published dictionary's feature: its page on Neuronpedia (the node's `neuronpedia`).
+  const np = document.createElement("a");
+  np.className = "neuronpedia";
+  np.target = "_blank";
+  np.textContent = "Neuronpedia";
   const close = document.createElement("button");
   close.type = "button";
   close.title = "close (Escape)";
   close.textContent = "\u00d7";
-  bar.append(title, tab, close);
+  bar.append(title, tab, np, close);
   const frame = document.createElement("iframe");
   frame.title = "the feature's card in the feature browser";
   panel.append(bar, frame);
@@ -46,6 +51,8 @@ function featureBrowser(href) {
     if (frame.getAttribute("src") !== target) frame.setAttribute("src", target);
     title.textContent = heading;
     tab.setAttribute("href", target);
+    np.hidden = !n.neuronpedia;
+    if (n.neuronpedia) np.setAttribute("href", n.neuronpedia);
     panel.dataset.card = target;
     panel.hidden = false;
     document.body.classList.add("feature-panel-open");

@@ -49,7 +49,7 @@ import torch
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.attribution.scores import Kept, node_patch, spearman
 from circuitflow.attribution.splice import Batch, Spliced, iter_batches, logit_diff
-from circuitflow.nodes import Node
+from circuitflow.nodes import Node, neuronpedia_url
 
 LOGIT = "logit"
 
@@ -311,12 +311,19 @@ def build_graph(
     n_layers: int,
     meta: dict[str, Any],
     labels: dict[tuple[str, int], dict[int, str]] | None = None,
+    neuronpedia: dict[tuple[str, int], str] | None = None,
 ) -> dict[str, Any]:
     """graph.json: nodes (id, kind, layer, index, score; a feature's `label` from the features
-    stage, `labels` = features.write.read_labels, null where none), pruned weighted edges (by
-    |weight|, exact where computed: edge_records), thresholds and every computed edge
-    (`computed_edges`, before pruning)."""
-    labels = labels or {}
+    stage, `labels` = features.write.read_labels, null where none; its `neuronpedia` page where
+    its dictionary names a Neuronpedia id, `neuronpedia` = features.write.read_neuronpedia_ids),
+    pruned weighted edges (by |weight|, exact where computed: edge_records), thresholds and
+    every computed edge (`computed_edges`, before pruning)."""
+    labels, neuronpedia = labels or {}, neuronpedia or {}
+
+    def link(r) -> dict[str, str]:
+        url = neuronpedia_url(neuronpedia.get((r["site"], int(r["layer"]))), int(r["index"]))
+        return {"neuronpedia": url} if r["kind"] == "feature" and url else {}
+
     out_nodes = [
         {
             "id": r["id"],
@@ -333,6 +340,7 @@ def build_graph(
                 else None
             ),
         }
+        | link(r)
         for _, r in nodes.iterrows()
     ]
     total = float(meta.get("metric_clean", 0.0)) - float(meta.get("metric_corrupted", 0.0))

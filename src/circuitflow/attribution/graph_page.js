@@ -497,6 +497,10 @@
   function labelItems(n) {
     const parts = [el("p", { className: "feature-label", textContent: n.feature_label ?
       "label: " + n.feature_label : "label: none (no features stage for this dictionary)" })];
+    if (n.neuronpedia) {
+      parts.push(el("p", {}, [el("a", { className: "neuronpedia", href: n.neuronpedia,
+        target: "_blank", textContent: "its page on Neuronpedia" })]));
+    }
     const href = BROWSER.href(n);
     if (href) {
       parts.push(el("p", {}, ["click: its card beside the graph; ", el("a", {

@@ -76,7 +76,8 @@ def _node(n: dict[str, Any], n_layers: int) -> dict[str, Any]:
             "order": node.order,
         }
         if node.kind == "feature":
-            extra |= {"feature_label": n.get("label"), "anchor": node.anchor, "card": node.card}
+            extra |= {"feature_label": n.get("label"), "anchor": node.anchor, "card": node.card,
+                      "neuronpedia": n.get("neuronpedia")}  # fmt: skip
     keys = ("id", "kind", "layer", "index", "site", "score", "score_source")
     return {k: n.get(k) for k in keys} | {"bridge": bool(n.get("bridge"))} | extra
 

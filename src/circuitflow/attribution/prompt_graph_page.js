@@ -121,6 +121,11 @@
     if (n.kind === "feature") {
       parts.push(el("p", { className: "feature-label", textContent: n.label ?
         "label: " + n.label : "label: none (no features stage for this transcoder)" }));
+      if (n.neuronpedia) {
+        parts.push(el("p", { className: "neuronpedia", textContent: "on Neuronpedia: " +
+          n.neuronpedia + (BROWSER.href(n) ? " (click: linked beside its card)" :
+          " (click: opens it)") }));
+      }
       if (BROWSER.href(n)) {
         parts.push(el("p", { textContent: "click: its card from the feature browser beside " +
           "the graph (" + n.anchor + ")" }));
@@ -211,6 +216,10 @@
         grp.dataset.card = href;
         grp.addEventListener("click", () => BROWSER.open(n, nodeTitle(g, n) + ": " +
           (n.label || "no label")));
+      } else if (n.kind === "feature" && n.neuronpedia) {
+        // No feature browser to open: its Neuronpedia page instead.
+        grp.classList.add("linked");
+        grp.addEventListener("click", () => window.open(n.neuronpedia, "_blank"));
       }
       const colour = { feature: FEAT, error: ERR, token: TOKEN, logit: LOGIT }[n.kind];
       if (n.kind === "error") {

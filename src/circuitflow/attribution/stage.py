@@ -80,8 +80,10 @@ def build_graph(
     cfg: AttributionConfig,
     meta: dict[str, Any],
     labels: dict | None = None,
+    neuronpedia: dict | None = None,
 ) -> dict[str, Any]:
-    """graph.json: the top nodes (features with their `labels`, features.write.read_labels),
+    """graph.json: the top nodes (features with their `labels`, features.write.read_labels, and
+    Neuronpedia pages, `neuronpedia` = features.write.read_neuronpedia_ids),
     the direct-effect edges between them (on the validation prompts) and their validation
     against exact direct-path patching, `meta` (timings added here)."""
     sp = scored.scores.spliced
@@ -100,7 +102,8 @@ def build_graph(
         )
     meta["seconds"]["edge_validation"] = time.perf_counter() - t0
     meta["n_validation_prompts"] = len(validation)
-    graph = circuit_graph.build_graph(nodes, edges, cfg, sp.model.cfg.n_layers, meta, labels)
+    graph = circuit_graph.build_graph(nodes, edges, cfg, sp.model.cfg.n_layers, meta, labels,
+                                      neuronpedia)  # fmt: skip
     # What node pruning saw: graph.html's node threshold control measures shares of this total.
     graph["score_abs_total"] = float(scored.frame["score"].abs().sum())
     graph["n_nodes_scored"] = len(scored.frame)
@@ -170,7 +173,7 @@ def attribute(
     feature's label and top contexts come from the features stage's folders of the SAEs
     (`feature_dirs`; none without them), its contexts' text decoded with `tokenizer`.
     `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there."""
-    from circuitflow.features.write import read_labels
+    from circuitflow.features.write import read_labels, read_neuronpedia_ids
 
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]
@@ -197,7 +200,7 @@ def attribute(
         "seconds": dict(ns.seconds),
     }
     labels = read_labels(feature_dirs)  # each feature's, from the features stage
-    graph = build_graph(prompts, scored, cfg, meta, labels)
+    graph = build_graph(prompts, scored, cfg, meta, labels, read_neuronpedia_ids(feature_dirs))
     meta["seconds"]["total"] = time.perf_counter() - t0
     meta["seconds_per_prompt"] = meta["seconds"]["total"] / max(ns.n_prompts, 1)
     cost = ns.spliced.counter.summary(ns.n_prompts)

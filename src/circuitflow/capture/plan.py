@@ -69,7 +69,7 @@ def token_set_contexts(config: dict, model_cfg) -> int:
     source trains on the token set (`sae.source: stream`) `sae.total_tokens` training rows and
     `sae.eval_contexts` held-out contexts."""
     sae = config["sae"]
-    if not dictionary_sources.get(config).trains_on_token_set:
+    if not dictionary_sources.token_set_source(config).trains_on_token_set:
         return contexts(config, model_cfg)[2]
     t = context_length(config, model_cfg)
     per_context = t - 1 if config["capture"]["exclude_bos"] else t
@@ -83,7 +83,7 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     capture = config["capture"]
     n_rows = capture["n_tokens"]
     if rule == "capture_tokens":
-        if dictionary_sources.get(config).trains_on_token_set:
+        if dictionary_sources.token_set_source(config).trains_on_token_set:
             cfg = architectures.model_cfg(config)
             n_rows = token_set_contexts(config, cfg) * context_length(config, cfg)
         return 2 * 8 * n_rows
@@ -128,6 +128,6 @@ def disk_bytes(config: dict) -> int:
     cfg = architectures.model_cfg(config)
     rows = config["capture"]["n_tokens"]
     row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
-    if not dictionary_sources.get(config).reads_activation_files:
+    if not dictionary_sources.run_reads_activation_files(config):
         return 4 * 2 * token_set_contexts(config, cfg) * context_length(config, cfg)
     return capture_hooks(config) * rows * row + 4 * 2 * rows

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from circuitflow import dictionary_sources
 from circuitflow.capture.plan import TOKENIZE_TOKENS_PER_S, context_length, token_set_contexts
 from circuitflow.description import describe
 from circuitflow.features.state import (
@@ -167,9 +168,9 @@ def dictionary_width(config: dict, d_model: int, group: FeatureGroup) -> int:
 
 def firing_per_token(config: dict, d_sae: int) -> int:
     """Features firing a token, planned: the TopK's k, else the L0 the controller steers to,
-    for published dictionaries a tenth of the width (at most the width)."""
+    where a run has published dictionaries a tenth of the width (at most the width)."""
     sae = config["sae"]
-    if sae["source"] == "pretrained":
+    if any(not s.trains for s in dictionary_sources.used(config)):
         return max(1, d_sae // 10)
     return min(
         d_sae, sae["k"] if sae["architecture"] in ("topk", "batchtopk") else sae["target_l0"]

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from circuitflow import memory
+from circuitflow import dictionary_sources, memory
 from circuitflow.features import plan as fplan
 from circuitflow.features import write
 from circuitflow.features.collect import Collector
@@ -430,7 +430,7 @@ def run(
     first = int(bool(config["capture"]["exclude_bos"]))
     t = int(tokens.shape[1])
     wanted = -(-opts.n_tokens // (t - first))
-    chosen = fplan.contexts(config["sae"]["source"], len(tokens),
+    chosen = fplan.contexts(dictionary_sources.token_set_source(config).name, len(tokens),
                             int(token_meta.get("held_out_contexts", 0)), wanted)  # fmt: skip
     members = []
     for sae_dir, out in zip(sae_dirs, out_dirs, strict=True):
@@ -475,7 +475,7 @@ def summary_meta(m: Member, members: list[Member], config: dict, token_set: tupl
                  chosen: fplan.Contexts, pass_seconds: float, batch: int) -> dict:  # fmt: skip
     """What summary.json says of a member beside its statistics: the dictionary, the token set
     and contexts read, and the job's pass."""
-    source = config["sae"]["source"]
+    source = dictionary_sources.source_of(config, m.site).name
     return {
         "site": m.site,
         "layer": m.layer,
@@ -483,11 +483,14 @@ def summary_meta(m: Member, members: list[Member], config: dict, token_set: tupl
         "dictionary": str(m.sae_dir),
         "dictionary_kind": m.kind,
         "sae_source": source,
+        # Its Neuronpedia id (a published dictionary's), where it names one: every page that
+        # shows one of its features links the feature's Neuronpedia page.
+        "neuronpedia_id": getattr(m.sae.cfg.metadata, "neuronpedia_id", None),
         "token_set": str(token_set[0]),
         "token_set_hash": token_set[1].get("token_set_hash"),
         "contexts_held_out": chosen.held_out,
         "contexts_trained_on": chosen.trained_on,
-        "contexts_note": fplan.CONTEXTS_NOTE[source],
+        "contexts_note": fplan.CONTEXTS_NOTE[dictionary_sources.token_set_source(config).name],
         "pass_seconds": round(pass_seconds, 3),
         "batch_contexts": batch,
         "job_members": [f"{x.site}:{x.layer}" for x in members],

@@ -68,7 +68,10 @@ from circuitflow.features.logits import Logits
 from circuitflow.features.windows import Reader, Windows, read_windows
 from circuitflow.io import atomic_dir, json_text, write_json, write_parquet
 
-__all__ = ["build", "feature_dir", "kept_contexts", "read_labels", "write", "FINAL_NORM"]
+__all__ = [
+    "build", "feature_dir", "kept_contexts", "read_labels", "read_neuronpedia_ids", "write",
+    "FINAL_NORM",
+]  # fmt: skip
 
 FINAL_NORM = (
     "decoder rows centred over d_model for a LayerNorm model, final norm scale folded into "
@@ -251,6 +254,18 @@ def write(
             write_parquet(tmp / "examples.parquet", examples)
         write_json(tmp / "summary.json", summary)
     return folder
+
+
+def read_neuronpedia_ids(folders: Sequence[Path | str]) -> dict[tuple[str, int], str]:
+    """Each folder's dictionary's Neuronpedia id (summary.json's `neuronpedia_id`), keyed by
+    its (site, layer), where it names one: what the attribution stages link a feature by."""
+    out = {}
+    for folder in map(Path, folders):
+        summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
+                                   "feature summary")  # fmt: skip
+        if summary.get("neuronpedia_id"):
+            out[(summary["site"], int(summary["layer"]))] = summary["neuronpedia_id"]
+    return out
 
 
 def read_labels(folders: Sequence[Path | str]) -> dict[tuple[str, int], dict[int, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from circuitflow import dictionary_sources
 from circuitflow.memory.probes import MiB, available_bytes
 from circuitflow.perf import dtype_name
 from circuitflow.sites import capture_sites, dictionary_sites, sae_sites, trains_transcoders
@@ -232,7 +233,7 @@ def n_transcoders(config: dict) -> int:
 
 def capture_hooks(config: dict) -> int:
     """Hook points capture writes: every dictionary's, and a transcoder's input hook too."""
-    return len(config["layers"]) * len(capture_sites(config))
+    return len(config["layers"]) * len(capture_sites(dictionary_sources.capture_part(config)))
 
 
 def n_prompts(config: dict, behaviour: str | None, cap: int | None = None) -> int:

@@ -62,6 +62,47 @@ QWEN25_05B = {
 }
 
 
+# The published transcoders' ready configs' models, planned from their shapes alone (as
+# TransformerLens loads them without weight processing; its Qwen3 from the Hugging Face config,
+# its Gemma 3 270M from its own table): no GPU suite measures them, so they are not
+# ARCHITECTURES, only shapes a dry run plans memory and walltime with before any download.
+QWEN3_06B = {
+    "n_layers": 28,
+    "d_model": 1024,
+    "n_heads": 16,
+    "n_key_value_heads": 8,
+    "d_head": 128,
+    "d_mlp": 3072,
+    "n_ctx": 40960,
+    "d_vocab": 151936,
+    "act_fn": "silu",
+    "gated_mlp": True,
+    "normalization_type": "RMS",
+    "positional_embedding_type": "rotary",
+}
+GEMMA3_270M = {
+    "n_layers": 18,
+    "d_model": 640,
+    "n_heads": 4,
+    "n_key_value_heads": 1,
+    "d_head": 256,
+    "d_mlp": 2048,
+    "n_ctx": 8192,
+    "d_vocab": 262144,
+    "act_fn": "gelu_pytorch_tanh",
+    "gated_mlp": True,
+    "normalization_type": "RMS",
+    "positional_embedding_type": "rotary",
+}
+# model.name spellings (lower case) -> those shapes.
+KNOWN_SHAPES = {
+    "qwen/qwen3-0.6b": QWEN3_06B,
+    "qwen3-0.6b": QWEN3_06B,
+    "google/gemma-3-270m": GEMMA3_270M,
+    "gemma-3-270m": GEMMA3_270M,
+}
+
+
 def gpt2_small(**overrides: Any):
     """GPT-2 small (124M): 12 layers, d_model 768, 12 heads, MLP 3072, vocabulary 50257."""
     from transformer_lens import HookedTransformerConfig
@@ -258,6 +299,9 @@ def model_cfg(pipeline_config: dict):
     key = architecture_key(model["name"])
     if key:
         return shape(key)
+    if known := KNOWN_SHAPES.get(str(model["name"]).lower()):
+        fields = SHAPE_DEFAULTS | known
+        return SimpleNamespace(**{k: fields[k] for k in SHAPE_FIELDS})
     n_layers = model["n_layers"] or max(pipeline_config["layers"]) + 1
     hf = {"n_layer": n_layers, "n_embd": 1024, "n_head": 16, "n_inner": 4096}
     return from_hf_config(hf)

@@ -256,6 +256,10 @@
     const title = make("h2", {}, `${d.site} layer ${d.layer} \u00b7 feature ${f.feature[i]} `);
     title.append(make("a", { href: "#" + target, class: "link" }, "#" + target));
     const flags = [f.dead[i] ? "dead" : "", f.dense[i] ? "dense" : ""].filter(Boolean);
+    if (d.neuronpedia) {
+      title.append(" ", make("a", { href: d.neuronpedia + f.feature[i], class: "neuronpedia",
+                                    target: "_blank" }, "Neuronpedia"));
+    }
     const parts = [
       title,
       make("p", { class: "label" }, f.label[i]),

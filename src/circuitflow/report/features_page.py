@@ -42,7 +42,7 @@ import pandas as pd
 from circuitflow.errors import InputError
 from circuitflow.features.labels import shown
 from circuitflow.io import json_text, write_text
-from circuitflow.nodes import BROWSER_INDEX, dictionary_anchor, dictionary_page
+from circuitflow.nodes import BROWSER_INDEX, dictionary_anchor, dictionary_page, neuronpedia_pages
 
 __all__ = [
     "N_PER_BAND",
@@ -66,7 +66,7 @@ SHOWN = {
     "n_features", "n_tokens", "n_contexts", "context_length", "first_position", "k", "samples",
     "seed", "hist_edges", "quantile_bands", "dense_threshold", "log_density_edges",
     "log_density_hist", "dead", "dense", "dead_fraction", "dense_fraction", "labeller", "window",
-    "final_norm", "site", "layer", "labels",
+    "final_norm", "site", "layer", "neuronpedia_id", "labels",
 }  # fmt: skip
 
 
@@ -153,6 +153,8 @@ def dictionary_data(
         "key": dictionary_anchor(site, layer),
         "site": site,
         "layer": int(layer),
+        # A published dictionary's features' pages: the id, then the feature's index.
+        "neuronpedia": neuronpedia_pages(summary.get("neuronpedia_id")),
         "summary": {k: summary.get(k) for k in sorted(SHOWN - {"hist_edges", "dead", "dense"})}
         | {"n_dead": len(summary.get("dead", [])), "n_dense": len(summary.get("dense", []))},
         "meta": meta,

@@ -123,11 +123,15 @@ class PlannedRow:
 
 
 def _source_rows(config: dict, cluster: Cluster) -> list[PlannedRow]:
-    """The dictionary source's rows: those of the rule its record names (dictionary_sources;
-    an unknown `sae.source` is refused there in one line)."""
+    """The dictionary sources' rows: those of the rule each record names (dictionary_sources;
+    an unknown `sae.source` is refused there in one line), each for its part of the run."""
     rows = {"train_sae": _capture_rows, "train_sae_stream": _stream_rows,
             "pretrained_sae": _pretrained_rows}  # fmt: skip
-    return rows[dictionary_sources.get(config).rule](config, cluster)
+    return [
+        row
+        for source in dictionary_sources.used(config)  # SAEs and transcoders may differ
+        for row in rows[source.rule](dictionary_sources.part(config, source), cluster)
+    ]
 
 
 def _capture_rows(config: dict, cluster: Cluster) -> list[PlannedRow]:
@@ -181,11 +185,14 @@ def _pretrained_rows(config: dict, cluster: Cluster) -> list[PlannedRow]:
     )
     tokens = len(run.dictionaries) * contexts * run.context_length
     keys = tuple(g.key for g in groups)
-    return [PlannedRow("pretrained_sae", "pretrained_sae", keys, tokens, "tokens", note)]
+    return [
+        PlannedRow("pretrained_sae", "pretrained_sae", keys, tokens, "tokens", note),
+        *_transcoder_rows(config),
+    ]
 
 
 def _transcoder_rows(config: dict) -> list[PlannedRow]:
-    """Trained transcoders' replacement job (sae.kind transcoder or both)."""
+    """The transcoders' replacement job (sae.kind transcoder or both, trained or published)."""
     run = description.describe(config)
     if not run.transcoders:
         return []

@@ -34,8 +34,15 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def table_html(frame: pd.DataFrame, max_rows: int | None = None) -> str:
-    """A plain HTML table (numbers right-aligned, 4 significant digits)."""
+def _cell_html(value: Any, link: bool) -> str:
+    """A cell as HTML: its text escaped, or for a link column an anchor to the address."""
+    text = html.escape(cell(value))
+    return f'<a href="{text}" target="_blank">{text}</a>' if link and text else text
+
+
+def table_html(frame: pd.DataFrame, max_rows: int | None = None, links=()) -> str:
+    """A plain HTML table (numbers right-aligned, 4 significant digits); the columns `links`
+    hold addresses, each drawn as a link (empty where null)."""
     if max_rows is not None:
         frame = frame.head(max_rows)
     numeric = {c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c])}
@@ -46,7 +53,7 @@ def table_html(frame: pd.DataFrame, max_rows: int | None = None) -> str:
     rows = []
     for row in frame.itertuples(index=False):
         cells = "".join(
-            f'<td class="{"" if c in numeric else "text"}">{html.escape(cell(v))}</td>'
+            f'<td class="{"" if c in numeric else "text"}">{_cell_html(v, c in links)}</td>'
             for c, v in zip(frame.columns, row, strict=True)
         )
         rows.append(f"<tr>{cells}</tr>")

@@ -52,7 +52,7 @@ class JumpReLUConfig:
 # both kinds is planned at the larger.
 HOOKS_READ = {"sae": 1, "transcoder": 2, "both": 2}
 TRAINERS = ("auto", "fast", "gpu", "saelens")  # the schema's enum of sae.trainer (a test checks)
-_S, _P = _D["stream"], _D["pretrained"]
+_S, _P, _T = _D["stream"], _D["pretrained"], _D["transcoders"]
 
 
 @dataclass
@@ -71,6 +71,16 @@ class PretrainedConfig:
     release: str | None = _P["release"]
     sae_id: str | None = _P["sae_id"]
     path: str | None = _P["path"]
+    format: str = _P["format"]  # saelens, or a SAELens conversion (mwhanna_transcoder, gemma_3)
+    neuronpedia_id: str | None = _P["neuronpedia_id"]
+
+
+@dataclass
+class TranscodersConfig(PretrainedConfig):
+    """The transcoders of sae.kind both (``sae.transcoders``): their source (None:
+    ``sae.source``) and, published, which ones (as ``sae.pretrained``)."""
+
+    source: str | None = _T["source"]
 
 
 @dataclass
@@ -84,6 +94,7 @@ class SAETrainConfig:
     source: str = _D["source"]  # a name in circuitflow.dictionary_sources (the schema's enum)
     stream: StreamConfig = field(default_factory=StreamConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
+    transcoders: TranscodersConfig = field(default_factory=TranscodersConfig)
     architecture: str = _D["architecture"]  # a key of sae.architectures.ARCHITECTURES
     expansion_factor: int = _D["expansion_factor"]
     d_sae: int | None = _D["d_sae"]
@@ -168,7 +179,7 @@ def check(config: dict, dims: dict[str, int]) -> None:
             f"sae.batch_size: {batch} exceeds sae.total_tokens ({sae['total_tokens']}): "
             "not one training step"
         )
-    reads_files = dictionary_sources.get(config).reads_activation_files
+    reads_files = dictionary_sources.run_reads_activation_files(config)
     if batch != "auto" and reads_files and batch > capture["n_tokens"]:
         raise ConfigError(
             f"sae.batch_size: {batch} exceeds the activation rows captured "
@@ -180,26 +191,44 @@ def resolve_kind(config: dict, embedded: bool) -> str:
     """sae.kind auto: both on the embedded model, so the laptop run shows the whole chain (SAEs
     that attribution and interventions splice, transcoders the per-prompt graphs replace the
     MLPs with); sae on a real model, where transcoders double the training (ask for them), for
-    published dictionaries (SAEs only) and where a site is mlp_out (the transcoders' place)."""
+    published dictionaries (say which are transcoders) and where a site is mlp_out (the
+    transcoders' place)."""
     sae = config["sae"]
     if sae["kind"] != "auto":
         return sae["kind"]
-    makes_both = "both" in dictionary_sources.get(config).kinds
-    both = embedded and makes_both and "mlp_out" not in config["sites"]
+    source = dictionary_sources.get(config)
+    both = embedded and source.trains and "mlp_out" not in config["sites"]
     return "both" if both else "sae"
 
 
 def check_transcoders(config: dict) -> None:
-    """sae.kind: one its source makes (pretrained: SAEs only); transcoder: one transcoder per
-    layer, from mlp_in to mlp_out; both: SAEs at `sites` and the transcoders beside them, saved
-    at mlp_out, which no SAE may take."""
+    """sae.kind: one its sources make; transcoder: one transcoder per layer, from mlp_in to
+    mlp_out; both: SAEs at `sites` and the transcoders beside them, saved at mlp_out, which no
+    SAE may take, from sae.transcoders.source where set (capture and stream not both: they
+    size the token set differently)."""
     sae = config["sae"]
-    kind, source = sae["kind"], dictionary_sources.get(config)
-    if kind not in source.kinds:
+    kind = sae["kind"]
+    apart = {k: v for k, v in (sae.get("transcoders") or {}).items() if v not in (None, "saelens")}
+    if apart and kind != "both":
+        first = "source" if "source" in apart else next(iter(apart))
         raise ConfigError(
-            f"sae.source: {source.name!r} with sae.kind {kind}; {source.name} makes sae.kind "
-            f"{' or '.join(source.kinds)} only: use sae.source "
-            + " or ".join(dictionary_sources.making(kind))
+            f"sae.transcoders.{first}: only with sae.kind both (SAEs and transcoders from "
+            f"different sources), not {kind}; with sae.kind transcoder sae.source and "
+            "sae.pretrained name the transcoders"
+        )
+    for source in dictionary_sources.used(config):
+        if kind not in source.kinds:
+            raise ConfigError(
+                f"sae.source: {source.name!r} with sae.kind {kind}; {source.name} makes sae.kind "
+                f"{' or '.join(source.kinds)} only: use sae.source "
+                + " or ".join(dictionary_sources.making(kind))
+            )
+    trained = {s.name for s in dictionary_sources.used(config) if s.trains}
+    if len(trained) > 1:
+        raise ConfigError(
+            f"sae.transcoders.source: {sae['transcoders']['source']} with sae.source "
+            f"{sae['source']}: one run trains from one of capture and stream (they size the "
+            "token set differently); take both from the same"
         )
     if not trains_transcoders(config):
         return
@@ -215,10 +244,11 @@ def check_transcoders(config: dict) -> None:
         )
 
 
-def check_pretrained(config: dict, d_model: int | None, origin: Callable[[], Path]) -> None:
-    """sae.source pretrained: the templates, and each dictionary that can be read without its
-    weights, against the run (sae.pretrained.check_config; `origin()`: the folder a relative
-    sae.pretrained.path resolves against)."""
+def check_pretrained(config: dict, d_model: int | None, origin: Callable[[str], Path]) -> None:
+    """Published dictionaries (sae.pretrained, sae.transcoders): the templates, and each
+    dictionary that can be read without its weights, against the run
+    (sae.pretrained.check_config; `origin(section)`: the folder a relative <section>.path
+    resolves against)."""
     from circuitflow.sae.pretrained import check_config
 
     check_config(config, d_model, origin)

@@ -13,7 +13,7 @@ from circuitflow.devices import precise_math
 from circuitflow.metrics import next_token_losses
 from circuitflow.perf import PassCounter
 from circuitflow.sae.plan import EVAL_BATCH
-from circuitflow.sae.transcoder import is_transcoder
+from circuitflow.sae.transcoder import is_transcoder, transcoder_output
 
 
 def as_hooked_sae_transformer(model: HookedTransformer) -> HookedSAETransformer:
@@ -188,7 +188,7 @@ def evaluate_transcoders(
             stash[layer] = act
 
         def write(act: torch.Tensor, hook: object) -> torch.Tensor:
-            out = tc.decode(tc.encode(stash.pop(layer).to(tc.dtype))).to(act.dtype)
+            out = transcoder_output(tc, stash.pop(layer)).to(act.dtype)
             return torch.where(keep.unsqueeze(-1), out, act)
 
         return [(hook_in, read), (hook_out, write)]
@@ -202,8 +202,10 @@ def evaluate_transcoders(
                 counter.forward(len(toks))
             for layer, (hook_in, hook_out) in hooks.items():
                 tc = transcoders[layer]
-                feats = tc.encode(cache[hook_in][keep].to(tc.dtype))
-                recon[layer].add(cache[hook_out][keep].float(), tc.decode(feats).float(), feats)
+                x = cache[hook_in][keep]
+                feats = tc.encode(x.to(tc.dtype))
+                out = transcoder_output(tc, x, feats).float()
+                recon[layer].add(cache[hook_out][keep].float(), out, feats)
             stash: dict[int, torch.Tensor] = {}
             fwd = [hook for layer in hooks for hook in replace(layer, keep, stash)]
             with counter.part("ce_sae"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from circuitflow import dictionary_sources
 from circuitflow.capture.plan import chunk_rows_for
 from circuitflow.description import describe
 from circuitflow.memory import (
@@ -164,8 +165,14 @@ SAE_CHECKPOINT_COPIES = 2 * 3
 
 
 def disk_bytes(config: dict) -> dict[str, int]:
-    """Bytes of the dictionaries (fp32 parameters, every one at its own width) and of their
-    checkpoints while every SAE trains at once."""
+    """Bytes of the dictionaries (fp32 parameters, every one at its own width) and of the
+    checkpoints of those trained here while every one trains at once (published dictionaries
+    are evaluated, never checkpointed)."""
     run = describe(config)
     weights = sum(sae_param_bytes(run.model.d_model, d.width) for d in run.dictionaries)
-    return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * weights}
+    trained = sum(
+        sae_param_bytes(run.model.d_model, d.width)
+        for d in run.dictionaries
+        if dictionary_sources.source_of(config, d.site).trains
+    )
+    return {"saes": weights, "sae_checkpoints": SAE_CHECKPOINT_COPIES * trained}

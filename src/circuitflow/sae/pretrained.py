@@ -22,6 +22,7 @@ process. The stage that evaluates and writes the dictionaries is `sae.pretrained
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import string
@@ -33,12 +34,14 @@ from typing import Any
 
 from circuitflow import dictionary_sources
 from circuitflow.errors import ConfigError, InputError
-from circuitflow.nodes import SITES, hook_name, site_layer
+from circuitflow.nodes import SITES, MlpInput, hook_name, mlp_hook, mlp_input, site_layer
 
 # The dictionaries as records, their configs and releases (circuitflow.published, a floor
 # module the planners read too), under the names the stage and its callers use.
 from circuitflow.published import (  # noqa: F401
     CFG_FILE,
+    LOCAL_REPO,
+    SAELENS_FORMAT,
     SAVE_HINT,
     WEIGHTS_FILE,
     Dictionary,
@@ -46,15 +49,20 @@ from circuitflow.published import (  # noqa: F401
     cached_file,
     cached_revision,
     cfg_view,
+    conversion_files,
     dictionaries,
     dictionary_for,
     expand,
+    first_line,
     hub_cache_dir,
     read_local,
     release_directory,
     release_view,
     resolve_release,
+    section_of,
+    view_of,
 )
+from circuitflow.sites import dictionary_kind, dictionary_sites
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +113,29 @@ class RunModel:
     names: frozenset[str]
     d_model: int | None
     hub: bool  # a Hugging Face hub name (TransformerLens aliases may spell it otherwise)
+    mlp_in: MlpInput = mlp_input()  # site mlp_in of the model as it is loaded
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], d_model: int | None) -> RunModel:
-        """The config's model; `d_model` where known (None: not checked)."""
+    def from_config(cls, config: Mapping[str, Any], d_model: int | None,
+                    normalization: str | None = None) -> RunModel:  # fmt: skip
+        """The config's model; `d_model` where known (None: not checked); `normalization`: its
+        norms as loaded (the loaded model's normalization_type; None: as planning reads the
+        config's model, where the config holds its shape; a job's section does not, and its
+        loaded model is checked when a transcoder is adapted to it: adapt_transcoder)."""
         name = str(config["model"]["name"])
         names = {name}
         local = Path(name).expanduser()
         hub = name != "embedded" and not local.exists()
         if not hub and name != "embedded":
             names |= {str(local.resolve()), local.resolve().name}
-        return cls(name, frozenset(names), d_model, hub)
+        mlp_in = mlp_input()
+        if normalization is None and (name != "embedded" or "embedded" in config):
+            from circuitflow.model.architectures import model_cfg
+
+            normalization = model_cfg(dict(config)).normalization_type
+        if normalization is not None:
+            mlp_in = mlp_input(normalization)
+        return cls(name, frozenset(names), d_model, hub, mlp_in)
 
     def matches(self, model_name: str) -> bool:
         """Whether a dictionary made for `model_name` was made for this model: the same name, or
@@ -137,6 +157,86 @@ class RunModel:
             return False
 
 
+# --- a published transcoder's input against site mlp_in ------------------------------------------
+# What a published transcoder's input hook held in its release's model: `normalised`, ln2's
+# normalised residual before the norm's weight (site mlp_in itself), or `mlp`, the tensor the MLP
+# module received, which is after the norm's weight unless that model was loaded with fold_ln
+# (which folds the weight into the MLP). circuit-tracer's `blocks.L.mlp.hook_in` is a hook it
+# adds on the MLP module's input (TransformerLens's HookedTransformer has none). SAELens names
+# Gemma Scope 2's input `blocks.L.hook_mlp_in`, which in TransformerLens is the residual before
+# the norm, but its hf_hook_name is the pre-MLP norm's output: that is what it read. Hugging
+# Face's pre-MLP norm is `pre_feedforward_layernorm` (Gemma) or `post_attention_layernorm`
+# (Llama, Qwen).
+HF_PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm")
+
+
+def transcoder_reads(view: Mapping[str, Any], layer: int) -> str | None:
+    """What a published transcoder's input hook read at `layer`: `normalised`, `mlp` (see
+    above), or None where it is not layer `layer`'s MLP input."""
+    hook, hf = view.get("hook_name"), view.get("hf_hook_name") or ""
+    if hook == hook_name("mlp_in", layer):
+        return "normalised"
+    if hook == f"blocks.{layer}.mlp.hook_in":
+        return "mlp"
+    hf_norms = {f"model.layers.{layer}.{norm}.output" for norm in HF_PRE_MLP_NORMS}
+    if hook == f"blocks.{layer}.hook_mlp_in" and hf in hf_norms:
+        return "mlp"
+    return None
+
+
+def read_after_norm_weight(view: Mapping[str, Any]) -> bool:
+    """Whether a transcoder that read the MLP's input read it after the norm's weight: a Hugging
+    Face module's output is (Hugging Face never folds), else model_from_pretrained_kwargs'
+    fold_ln said no (TransformerLens's from_pretrained folds by default)."""
+    if view.get("hf_hook_name"):
+        return True
+    return not (view.get("model_from_pretrained_kwargs") or {}).get("fold_ln", True)
+
+
+def folds_norm(view: Mapping[str, Any], layer: int, mlp_in: MlpInput) -> bool:
+    """Whether transcoder `view` reads site mlp_in of a model loaded as `mlp_in` says only with
+    the pre-MLP norm's weight folded into its encoder (it read the MLP's input after that
+    weight, which the model applies after site mlp_in's hook). ValueError saying what differs
+    where the model as loaded cannot give the input it read: its norms folded into the MLPs
+    (the weight is gone), or a hook that is not layer `layer`'s MLP input."""
+    reads = transcoder_reads(view, layer)
+    if reads is None:
+        raise ValueError(
+            f"input hook {view.get('hook_name')} is not layer {layer}'s MLP input (the pipeline "
+            f"reads {hook_name('mlp_in', layer)}; blocks.{layer}.mlp.hook_in and a Hugging Face "
+            "pre-MLP norm's output are taken too)"
+        )
+    after_weight = reads == "mlp" and read_after_norm_weight(view)
+    if after_weight and not mlp_in.norm_after:
+        raise ValueError(
+            "read the MLP's input after its norm's weight (its model loaded with fold_ln "
+            "False), but the run's model is loaded with its norms folded into the MLPs, so that "
+            "input is not there to read: load the model unfolded"
+        )
+    return after_weight
+
+
+def fold_norm(sae, weight, bias=None) -> None:
+    """Make transcoder `sae`, which read the MLP's input x = w * n + b (the norm's weight w and
+    LayerNorm's bias b after the normalised residual n), read n, site mlp_in: x W_enc + b_enc =
+    n (w W_enc) + (b W_enc + b_enc), and a skip term x W_skip^T = n (W_skip w)^T + b W_skip^T,
+    its constant moved into b_dec. Exact: every feature and the output are unchanged."""
+    import torch
+
+    with torch.no_grad():
+        w = weight.detach().double().to(sae.W_enc.device)
+        enc = sae.W_enc.data.double()
+        if bias is not None:
+            b = bias.detach().double().to(enc.device)
+            sae.b_enc.data += (b @ enc).to(sae.b_enc.dtype)
+        sae.W_enc.data.copy_((w[:, None] * enc).to(sae.W_enc.dtype))
+        if getattr(sae, "W_skip", None) is not None:
+            skip = sae.W_skip.data.double()  # [d_out, d_in]
+            if bias is not None:
+                sae.b_dec.data += (b @ skip.T).to(sae.b_dec.dtype)
+            sae.W_skip.data.copy_((skip * w[None, :]).to(sae.W_skip.dtype))
+
+
 # --- whether a dictionary's config fits the run ---------------------------------------------------
 def differences(
     view: Mapping[str, Any],
@@ -145,18 +245,21 @@ def differences(
     run: RunModel,
     release_model: str | None = None,
     normalisation: bool = True,
+    kind: str = "sae",
 ) -> list[str]:
-    """What keeps a dictionary from filling (site, layer) of this run ([] when it fits):
-    its hook, d_in, model and, where `normalisation`, a run-time input normalisation that
-    attribution's splice cannot carry."""
+    """What keeps a dictionary from filling (site, layer) of this run as a dictionary of `kind`
+    ([] when it fits): its hooks, d_in (and a transcoder's d_out), model, the norm folding its
+    model was loaded with (a transcoder's input) and, where `normalisation`, a run-time input
+    normalisation that attribution's splice cannot carry."""
     problems = []
-    want = hook_name(site, layer)
     hook = view.get("hook_name")
-    if view.get("hook_name_out"):
+    if kind == "transcoder":
+        problems += _transcoder_differences(view, layer, run)
+    elif view.get("hook_name_out"):
         problems.append(f"a transcoder ({hook} -> {view['hook_name_out']}), not an SAE")
     elif "hook_name" in view and not hook:
         problems.append("names no hook (metadata.hook_name)")
-    elif hook and hook != want:
+    elif hook and hook != (want := hook_name(site, layer)):
         try:
             s, l = site_layer(hook)  # noqa: E741
             where = f"site {s}, layer {l}: list {s} in sites and {l} in layers to use it"
@@ -165,9 +268,10 @@ def differences(
         problems.append(f"hook {hook} ({where}) is not {want} (site {site}, layer {layer})")
     if view.get("hook_head_index") is not None:
         problems.append(f"reads one attention head (hook_head_index {view['hook_head_index']})")
-    d_in = view.get("d_in")
-    if run.d_model is not None and d_in is not None and int(d_in) != run.d_model:
-        problems.append(f"d_in {d_in} is not the model's d_model {run.d_model}")
+    for dim in ("d_in", "d_out") if kind == "transcoder" else ("d_in",):
+        value = view.get(dim)
+        if run.d_model is not None and value is not None and int(value) != run.d_model:
+            problems.append(f"{dim} {value} is not the model's d_model {run.d_model}")
     for made_for in dict.fromkeys(filter(None, (view.get("model_name"), release_model))):
         if not run.matches(str(made_for)):
             problems.append(f"made for model {made_for!r}, not the run's model {run.name!r}")
@@ -177,6 +281,21 @@ def differences(
             f"normalize_activations {norm!r} rescales its input at run time (the pipeline "
             "needs 'none': save it with save_inference_model, which folds a scaling factor)"
         )
+    return problems
+
+
+def _transcoder_differences(view: Mapping[str, Any], layer: int, run: RunModel) -> list[str]:
+    if "hook_name" in view and not view.get("hook_name_out"):
+        return [f"an SAE ({view.get('hook_name')}), not a transcoder (no hook_name_out)"]
+    problems = []
+    out = view.get("hook_name_out")
+    if out is not None and out != mlp_hook(layer):
+        problems.append(f"output hook {out} is not layer {layer}'s MLP output {mlp_hook(layer)}")
+    if view.get("hook_name") is not None:
+        try:
+            folds_norm(view, layer, run.mlp_in)
+        except ValueError as err:
+            problems.append(str(err))
     return problems
 
 
@@ -225,27 +344,47 @@ class Loaded:
     view: dict[str, Any]
     release: Release | None
     revision: str | None = None
+    files: list[str] = dataclasses.field(default_factory=list)  # a local copy's, as read
 
 
 def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None = True) -> Loaded:
-    """Load dictionary `d` in float32 on `device`: a local directory (after checking its format)
-    with SAE.load_from_disk; a release with SAE.from_pretrained from the hub cache, offline
-    unless `offline` is False or None (the prefetch: None leaves the environment's setting).
-    InputError in one line when it cannot be had (a release not in the cache: run the
-    prefetch rule)."""
+    """Load dictionary `d` in float32 on `device`: a local directory in SAELens's format (after
+    checking it) with SAE.load_from_disk; a local copy of a release in its own layout through
+    that release's SAELens conversion; a release with SAE.from_pretrained from the hub cache,
+    offline unless `offline` is False or None (the prefetch: None leaves the environment's
+    setting). Its Neuronpedia id the config's, else its own. InputError in one line when it
+    cannot be had (a release not in the cache: run the prefetch rule)."""
     from sae_lens import SAE
 
-    if d.path is not None:
+    if d.path is not None and not d.converted:
         read_local(d.path)
         try:
             sae = SAE.load_from_disk(d.path, device=device, dtype="float32")
         except Exception as err:  # noqa: BLE001 - shapes against cfg.json, an unknown architecture
             raise InputError(
-                f"{d.path}: SAELens cannot load this dictionary ({_first_line(err)})"
+                f"{d.path}: SAELens cannot load this dictionary ({first_line(err)})"
             ) from None
-        return Loaded(sae.eval(), cfg_view(sae.cfg.to_dict()), None)
+        return _loaded(d, sae, None)
+    if d.converted:
+        view_of(d)  # the layout checked, one line naming it, before any weight is read
+        files: list[str] = []
+        with conversion_files(Path(d.path), read=files) as loaders:
+            converter = loaders.NAMED_PRETRAINED_SAE_LOADERS[d.format]
+            try:
+                sae = SAE.from_pretrained(LOCAL_REPO, d.sae_id, device=device, dtype="float32",
+                                          converter=converter)  # fmt: skip
+            except Exception as err:  # noqa: BLE001 - the conversion's errors, of many kinds
+                raise InputError(
+                    f"{d.key}: {d.label}: SAELens's {d.format} conversion cannot load it "
+                    f"({first_line(err)})"
+                ) from None
+        loaded = _loaded(d, sae, None)
+        loaded.files = files
+        return loaded
     rel = resolve_release(d.release, d.sae_id)
-    with hub(hf_cache, offline) as cache:
+    with hub(hf_cache, offline) as cache, conversion_files():
+        # conversion_files: gemma_3's config reads a file's tensor shapes over HTTP even where
+        # the cache holds it; here they come from the cached file (published.conversion_files).
         try:
             sae = SAE.from_pretrained(d.release, d.sae_id, device=device, dtype="float32")
         except Exception as err:  # noqa: BLE001 - huggingface_hub's and the converters' errors
@@ -259,25 +398,52 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
                 ) from None
             raise InputError(
                 f"{d.key}: cannot load {d.label} from {rel.repo_id} ({type(err).__name__}: "
-                f"{_first_line(err)})"
+                f"{first_line(err)})"
             ) from None
         revision = cached_revision(rel.repo_id, hf_cache)
-    view = cfg_view(sae.cfg.to_dict())
-    view["model_from_pretrained_kwargs"] = view["model_from_pretrained_kwargs"] | rel.model_kwargs
-    return Loaded(sae.eval(), view, rel, revision)
+    loaded = _loaded(d, sae, rel, revision)
+    kwargs = loaded.view["model_from_pretrained_kwargs"] | rel.model_kwargs
+    loaded.view["model_from_pretrained_kwargs"] = kwargs
+    return loaded
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def _loaded(d: Dictionary, sae, release: Release | None, revision: str | None = None) -> Loaded:
+    """The loaded dictionary in eval mode with its view; the config's Neuronpedia id written
+    into its metadata (it is saved with it). Its weights made contiguous: a conversion may
+    hand one over transposed (mwhanna_transcoder's W_enc), which safetensors cannot save."""
+    for p in sae.parameters():
+        p.data = p.data.contiguous()
+    if d.neuronpedia_id:
+        sae.cfg.metadata.neuronpedia_id = d.neuronpedia_id
+    return Loaded(sae.eval(), cfg_view(sae.cfg.to_dict()), release, revision)
 
 
-def check_loaded(d: Dictionary, loaded: Loaded, run: RunModel) -> None:
-    """Refuse, in one line naming the dictionary, a loaded dictionary that does not fit."""
+def check_loaded(d: Dictionary, loaded: Loaded, run: RunModel, kind: str = "sae") -> None:
+    """Refuse, in one line naming the dictionary, a loaded dictionary that does not fit the run
+    as a dictionary of `kind`."""
     release_model = loaded.release.model if loaded.release else None
-    problems = differences(loaded.view, d.site, d.layer, run, release_model)
+    problems = differences(loaded.view, d.site, d.layer, run, release_model, kind=kind)
     if problems:
         raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+
+
+def adapt_transcoder(sae, view: Mapping[str, Any], layer: int, model) -> bool:
+    """Make a published transcoder read site mlp_in of `model` as it is loaded: the pre-MLP
+    norm's weight (and bias) folded into its encoder where it read the MLP's input after them
+    (`folds_norm`), and its hooks the pipeline's (site mlp_in, the MLP's output), so every
+    stage splices it as it splices one trained here. Returns whether the norm was folded.
+    ValueError (folds_norm's) where the model cannot give what it read."""
+    fold = folds_norm(view, layer, mlp_input(model.cfg.normalization_type))
+    if fold:
+        ln2 = model.blocks[layer].ln2
+        fold_norm(sae, ln2.w, getattr(ln2, "b", None))
+    sae.cfg.metadata.hook_name = hook_name("mlp_in", layer, model.cfg.normalization_type)
+    sae.cfg.metadata.hook_name_out = mlp_hook(layer)
+    if fold:  # written without it: the transcoder now reads the model as the pipeline loads it
+        kwargs = dict(sae.cfg.metadata.model_from_pretrained_kwargs or {})
+        kwargs.pop("fold_ln", None)
+        sae.cfg.metadata.model_from_pretrained_kwargs = kwargs
+    return fold
 
 
 def model_kwargs_effect(
@@ -322,59 +488,86 @@ def fold_centering(sae) -> None:
 
 
 # --- the config check -----------------------------------------------------------------------------
-def check_config(config: dict, d_model: int | None, origin: Callable[[], Path]) -> None:
-    """sae.source and sae.pretrained when the config resolves: exactly one of release with
-    sae_id, or path; the templates' placeholders; a relative path made absolute (against
-    `origin()`, the folder of the config file that set it, as prompt files are); then every
-    dictionary that can be read without loading weights (a local directory, a release's cfg.json
+def check_config(config: dict, d_model: int | None, origin: Callable[[str], Path]) -> None:
+    """The published dictionaries' sections (sae.pretrained; sae.transcoders with sae.kind
+    both) when the config resolves: each used by a published source and only then; exactly one
+    of release with sae_id, or path (a conversion's layout with sae_id); the templates'
+    placeholders; a relative path made absolute (against `origin(section)`, the folder of the
+    config file that set it, as prompt files are); then every dictionary that can be read
+    without loading weights (a local directory, a local copy of a release, a release's config
     in the hub cache) checked against the run (`d_model`: the model's where it is known without
     loading it): one line naming the key, the dictionary and what differs."""
     sae = config["sae"]
-    p = sae["pretrained"]
-    given = [k for k in ("release", "sae_id", "path") if p.get(k) is not None]
-    if not dictionary_sources.get(config).changes_dictionaries("sae.pretrained"):
-        if given:
-            raise ConfigError(
-                f"sae.pretrained.{given[0]}: only used with sae.source "
-                f"{' or '.join(dictionary_sources.reading('sae.pretrained'))}, "
-                f"not {sae['source']!r}"
-            )
-        return
-    if p["path"] is not None and (p["release"] is not None or p["sae_id"] is not None):
+    published_sites = [
+        s for s in dictionary_sites(config)
+        if dictionary_sources.source_of(config, s).changes_dictionaries("sae.pretrained")
+    ]  # fmt: skip
+    used = {section_of(config, site): site for site in published_sites}
+    for section in ("sae.pretrained", "sae.transcoders"):
+        p = sae[section.split(".")[1]]
+        given = [k for k in ("release", "sae_id", "path", "neuronpedia_id") if p.get(k) is not None]
+        if section not in used:
+            if given:
+                whose = "sae.transcoders.source" if section == "sae.transcoders" else "sae.source"
+                value = sae["transcoders"]["source"] if whose != "sae.source" else sae["source"]
+                raise ConfigError(
+                    f"{section}.{given[0]}: only used with {whose} pretrained, not {value!r}"
+                )
+            continue
+        sites = [used[section]] if section == "sae.transcoders" else config["sites"]
+        _check_section(p, section, sites, config["layers"], origin)
+    run = RunModel.from_config(config, d_model)
+    hf_cache = config["model"]["hf_cache"]
+    for d in dictionaries(config):
+        where = f" (site {d.site}, layer {d.layer})"
+        release_model = None
+        if d.path is not None:
+            try:
+                view = view_of(d)
+            except InputError as err:
+                raise ConfigError(f"{d.key}: {err}{where}") from None
+        else:
+            rel = resolve_release(d.release, d.sae_id, where)
+            release_model = rel.model
+            view = view_of(d, hf_cache) or {}  # not cached yet: the release's model is checked
+        kind = dictionary_kind(config, d.site)
+        problems = differences(view, d.site, d.layer, run, release_model, d.path is not None, kind)
+        if problems:
+            raise ConfigError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+
+
+def _check_section(p: dict, section: str, sites, layers, origin: Callable[[str], Path]) -> None:
+    """One section's keys (see check_config); a relative path made absolute in place."""
+    if p["path"] is not None and p["release"] is not None:
         raise ConfigError(
-            "sae.pretrained.path: give either path (local directories) or release and sae_id, "
-            "not both"
+            f"{section}.path: give either path (local directories) or release and sae_id, not both"
+        )
+    layout = p.get("format") or SAELENS_FORMAT
+    whose = "sae.transcoders.source" if section == "sae.transcoders" else "sae.source"
+    if p["path"] is not None and layout == SAELENS_FORMAT and p["sae_id"] is not None:
+        raise ConfigError(
+            f"{section}.sae_id: with path in SAELens's format (format saelens) each directory is "
+            "the dictionary; sae_id names a file or folder of a release's copy (format "
+            "mwhanna_transcoder or gemma_3)"
         )
     if p["path"] is None:
+        if layout != SAELENS_FORMAT:
+            raise ConfigError(
+                f"{section}.format: {layout} describes a local copy (path); a release's layout "
+                "is the release's own"
+            )
         if p["release"] is None and p["sae_id"] is None:
             raise ConfigError(
-                f"sae.pretrained: sae.source {sae['source']} needs release and sae_id (a SAELens "
+                f"{section}: {whose} pretrained needs release and sae_id (a SAELens "
                 "pretrained release, e.g. gpt2-small-res-jb and blocks.{layer}.hook_resid_pre) "
                 "or path (a directory template in SAELens's format)"
             )
         for key, other in (("release", "sae_id"), ("sae_id", "release")):
             if p[key] is None:
-                raise ConfigError(f"sae.pretrained.{key}: required with sae.pretrained.{other}")
-    key = "path" if p["path"] is not None else "sae_id"
-    check_template(p[key], f"sae.pretrained.{key}", config["sites"], config["layers"])
-    if key == "path":
+                raise ConfigError(f"{section}.{key}: required with {section}.{other}")
+    templates = ["path"] if p["path"] is not None and layout == SAELENS_FORMAT else ["sae_id"]
+    for key in templates:
+        check_template(p[key], f"{section}.{key}", sites, layers)
+    if p["path"] is not None:
         path = Path(p["path"]).expanduser()
-        p["path"] = str(path if path.is_absolute() else Path(origin()).absolute() / path)
-    run = RunModel.from_config(config, d_model)
-    hf_cache = config["model"]["hf_cache"]
-    for d in dictionaries(config):
-        where = f" (site {d.site}, layer {d.layer})"
-        if d.path is not None:
-            try:
-                view = read_local(d.path)
-            except InputError as err:
-                raise ConfigError(f"sae.pretrained.path: {err}{where}") from None
-            release_model = None
-        else:
-            rel = resolve_release(d.release, d.sae_id, where)
-            view, release_model = release_view(rel, hf_cache), rel.model
-            if view is None:  # not cached yet: the release's model is all there is to check
-                view = {}
-        problems = differences(view, d.site, d.layer, run, release_model, d.path is not None)
-        if problems:
-            raise ConfigError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+        p["path"] = str(path if path.is_absolute() else Path(origin(section)).absolute() / path)

@@ -19,14 +19,15 @@ from circuitflow.model.flops import forward_flops_per_token
 from circuitflow.perf import Work
 from circuitflow.sae.plan import EVAL_BATCH, sae_param_bytes
 from circuitflow.sae.stream_plan import StreamGroup
+from circuitflow.sites import dictionary_sites
 
 ENCODES = 3  # the SAE runs on the statistics' rows, in the spliced pass and in the firing pass
 
 
 def members(config: dict) -> list[tuple[str, int]]:
     """Every published dictionary's (site, layer), by layer and then in the config's order of
-    sites, as circuitflow.stream_groups splits them into jobs."""
-    return [(site, int(layer)) for layer in config["layers"] for site in config["sites"]]
+    sites (a transcoder's, mlp_out, last), as circuitflow.stream_groups splits them into jobs."""
+    return [(site, int(layer)) for layer in config["layers"] for site in dictionary_sites(config)]
 
 
 def group_of(config: dict, job: str | None) -> StreamGroup:

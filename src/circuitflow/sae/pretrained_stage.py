@@ -1,23 +1,24 @@
-"""The stages of published dictionaries (`sae.source: pretrained`; sources and checks in
-`sae.pretrained`).
+"""The stages of published dictionaries (`sae.source: pretrained`, or with sae.kind both
+`sae.transcoders.source: pretrained`; sources and checks in `sae.pretrained`).
 
 - prefetch_saes (a localrule, on the login node, which has internet): each site and layer's
   dictionary of a SAELens release fetched into the Hugging Face cache by SAE.from_pretrained,
   one at a time, checked against the model's model.json, and listed in prefetch.json.
 - pretrained_sae (one job per group of sites and layers, grouped as the streaming jobs are:
   circuitflow.stream_groups): the model loaded once, then each member's dictionary in turn
-  loaded offline (a release from the cache, a local directory as it is), checked against the
-  run, adapted where its model was loaded otherwise (`model_from_pretrained_kwargs`:
-  center_writing_weights is folded into the encoder), written to saes/{site}/layer_{layer}/ in
-  SAELens's format, reloaded from there and evaluated on the run's token set with the metrics
-  train_sae writes (nothing is trained: tokens_trained 0; dead_fraction is the share of latents
-  that never fire on the evaluation tokens). Attribution and interventions then read it like
-  any trained SAE.
+  loaded offline (a release from the cache, a local directory as it is, a local copy of a
+  release through its SAELens conversion), checked against the run, adapted where its model
+  was loaded otherwise (`model_from_pretrained_kwargs`: center_writing_weights is folded into
+  an SAE's encoder; a transcoder that read the MLP's input after the norm's weight gets the
+  weight folded into its encoder, and reads site mlp_in), written to saes/{site}/layer_{layer}/
+  in SAELens's format, reloaded from there and evaluated on the run's token set with the
+  metrics train_sae writes (nothing is trained: tokens_trained 0; dead_fraction is the share of
+  latents that never fire on the evaluation tokens; a transcoder replaces its MLP). Every
+  later stage then reads it like a dictionary trained here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from circuitflow.sae.pretrained import (
     Dictionary,
     Loaded,
     RunModel,
+    adapt_transcoder,
     check_loaded,
     dictionaries,
     dictionary_for,
@@ -43,8 +45,9 @@ from circuitflow.sae.pretrained import (
     hub_cache_dir,
     load,
     model_kwargs_effect,
-    read_local,
+    view_of,
 )
+from circuitflow.sites import dictionary_kind
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +71,15 @@ def describe(d: Dictionary, loaded: Loaded) -> dict[str, Any]:
         "architecture": loaded.sae.cfg.architecture(),
         "model_name": view["model_name"],
         "model_from_pretrained_kwargs": view["model_from_pretrained_kwargs"],
+        "neuronpedia_id": loaded.sae.cfg.metadata.neuronpedia_id,
     }
+    if view.get("hook_name_out"):
+        out |= {"hook_name_out": view["hook_name_out"], "d_out": view["d_out"]}
     if rel is not None:
         out |= {"repo_id": rel.repo_id, "folder": rel.folder, "revision": loaded.revision,
-                "published": rel.published}  # fmt: skip
+                "published": rel.published, "conversion": rel.conversion_func}  # fmt: skip
+    elif d.converted:
+        out["source_sha256"] = sha256_files(loaded.files)
     else:
         out["source_sha256"] = sha256_files([Path(d.path) / CFG_FILE, Path(d.path) / WEIGHTS_FILE])
     return out
@@ -79,24 +87,24 @@ def describe(d: Dictionary, loaded: Loaded) -> dict[str, Any]:
 
 # --- prefetch_saes --------------------------------------------------------------------------------
 def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dict:
-    """Rule prefetch_saes: fetch every configured dictionary of the release into the hub cache
-    (model.hf_cache, else the environment's), check each against the model, write prefetch.json."""
+    """Rule prefetch_saes: fetch every configured dictionary of a release (sae.pretrained, and
+    sae.transcoders with sae.kind both) into the hub cache (model.hf_cache, else the
+    environment's), check each against the model, write prefetch.json."""
     SAETrainConfig.from_dict(config["sae"])  # a config given by hand is checked as the schema says
     info = _model_info(model_json)
     run = RunModel.from_config(config, int(info["architecture"]["d_model"]))
     hf_cache = config["model"]["hf_cache"]
     rows = []
-    for d in dictionaries(config):
-        if d.path is not None:
-            raise InputError("sae.pretrained.path: local dictionaries need no prefetch_saes")
+    releases = [d for d in dictionaries(config) if d.path is None]
+    if not releases:
+        raise InputError("sae.pretrained.path: local dictionaries need no prefetch_saes")
+    for d in releases:
         loaded = load(d, hf_cache, "cpu", offline=None)  # the environment's network setting
-        check_loaded(d, loaded, run)
+        check_loaded(d, loaded, run, dictionary_kind(config, d.site))
         rows.append(describe(d, loaded))
         del loaded  # one dictionary in memory at a time
-    p = config["sae"]["pretrained"]
     summary = {
-        "release": p["release"],
-        "sae_id": p["sae_id"],
+        "releases": sorted({d.release for d in releases}),
         "hub_cache": str(hub_cache_dir(hf_cache)),
         "dictionaries": rows,
     }
@@ -129,20 +137,21 @@ def firing(model, sae, contexts: torch.Tensor, hook: str, layer: int, keep_bos: 
 def evaluate(
     model, sae, d: Dictionary, contexts: torch.Tensor, exclude_bos: bool, bos_token_id: int
 ) -> dict[str, Any]:
-    """The metrics train_sae measures (sae.metrics.evaluate_sae: l0, explained_variance, the
-    spliced CE losses), and dead_fraction from the evaluation tokens, with the passes counted."""
+    """The metrics train_sae measures (sae.metrics.evaluate_dictionary: l0,
+    explained_variance, the spliced CE losses; a transcoder replacing its MLP), and
+    dead_fraction from the evaluation tokens, with the passes counted."""
     from circuitflow.devices import precise_math
     from circuitflow.perf import PassCounter
-    from circuitflow.sae.metrics import evaluate_sae
+    from circuitflow.sae.metrics import evaluate_dictionary
 
     counter = PassCounter()
-    quality = evaluate_sae(
-        model, sae, contexts, exclude_bos=exclude_bos, bos_token_id=bos_token_id,
+    quality = evaluate_dictionary(
+        model, sae, d.layer, contexts, exclude_bos=exclude_bos, bos_token_id=bos_token_id,
         batch_size=EVAL_BATCH, counter=counter,
     )  # fmt: skip
     with precise_math():
-        fired, n_pos = firing(model, sae, contexts, d.hook, d.layer, not exclude_bos,
-                              bos_token_id, counter)  # fmt: skip
+        fired, n_pos = firing(model, sae, contexts, sae.cfg.metadata.hook_name, d.layer,
+                              not exclude_bos, bos_token_id, counter)  # fmt: skip
     return {
         **quality,
         "dead_fraction": (~fired).float().mean().item(),
@@ -178,8 +187,9 @@ def run_group(
     written to its directory of `outs` (in order) in SAELens's format and evaluated there, one
     after another with the model loaded once; returns each member's metrics.json by its hook.
     Local dictionaries are all checked before the model loads; a release's each as it loads
-    (prefetch_saes checked them all against the model). `config` holds device, model,
-    capture.exclude_bos and sae (source, pretrained, eval_contexts)."""
+    (prefetch_saes checked them all against the model). `config` holds device, model, sites,
+    layers, capture.exclude_bos and sae (source, kind, pretrained, transcoders,
+    eval_contexts)."""
     from circuitflow.capture.tokens import last_contexts, read_token_set
     from circuitflow.devices import resolve_device
     from circuitflow.model.load import load_for_analysis
@@ -189,7 +199,7 @@ def run_group(
         raise InputError(f"{len(members)} members but {len(outs)} output directories")
     t0 = time.perf_counter()
     cfg = SAETrainConfig.from_dict(config["sae"], device=config["device"])
-    ds = [dictionary_for(dataclasses.asdict(cfg.pretrained), s, n) for s, n in members]
+    ds = [dictionary_for(config, s, n) for s, n in members]
     info = _model_info(model_json)
     run_model = RunModel.from_config(config, int(info["architecture"]["d_model"]))
     tokens, meta = read_token_set(tokens_npy, tokens_json)
@@ -200,7 +210,8 @@ def run_group(
         )
     for d in ds:  # refused in a second, before the model loads
         if d.path is not None:
-            problems = differences(read_local(d.path), d.site, d.layer, run_model)
+            kind = dictionary_kind(config, d.site)
+            problems = differences(view_of(d), d.site, d.layer, run_model, kind=kind)
             if problems:
                 raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
     device = resolve_device(cfg.device)
@@ -211,7 +222,7 @@ def run_group(
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         loaded = load(d, config["model"]["hf_cache"], device)
-        check_loaded(d, loaded, run_model)
+        check_loaded(d, loaded, run_model, dictionary_kind(config, d.site))
         if model is None:
             # The HookedSAETransformer every evaluation splices into, made once (the loaded
             # model is let go: the evaluation would otherwise copy it for each dictionary).
@@ -228,8 +239,15 @@ def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, 
     writer); its metrics.json (wall_time_s from `t0`: the first member's includes loading the
     model)."""
     from circuitflow import memory
-    from circuitflow.sae.lifecycle import dictionary_kind, write_dictionary
+    from circuitflow.sae.lifecycle import dictionary_kind as saved_kind
+    from circuitflow.sae.lifecycle import write_dictionary
 
+    norm_folded = False
+    if dictionary_kind(config, d.site) == "transcoder":
+        try:
+            norm_folded = adapt_transcoder(loaded.sae, loaded.view, d.layer, model)
+        except ValueError as err:
+            raise InputError(f"{d.key}: {d.label}: {err}") from None
     centre, unknown = model_kwargs_effect(loaded.view, model.cfg.normalization_type)
     if unknown:
         log.warning(
@@ -249,9 +267,12 @@ def _evaluate_member(config, d, loaded, model, contexts, meta, device, out_dir, 
             **quality,
             "trained": False,
             "tokens_trained": 0,
-            "kind": dictionary_kind(saved),
+            "kind": saved_kind(saved),
             **describe(d, loaded),
+            # What it reads as written (a published transcoder's hooks are the pipeline's).
+            "hook_name": saved.cfg.metadata.hook_name,
             "centering_folded": centre,
+            "norm_folded": norm_folded,
             "d_sae": saved.cfg.d_sae,
             "device": device,
             "wall_time_s": time.perf_counter() - t0,

@@ -74,6 +74,21 @@ def hook_out(sae: Any) -> str:
     return sae.cfg.metadata.hook_name_out
 
 
+def skip_weight(tc: Any) -> torch.Tensor | None:
+    """A skip transcoder's linear skip path W_skip [d_out, d_in] (SAELens's SkipTranscoder and
+    JumpReLUSkipTranscoder: Gemma Scope 2's affine transcoders), else None."""
+    return getattr(tc, "W_skip", None)
+
+
+def transcoder_output(tc: Any, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor:
+    """What transcoder `tc` writes for input `x`: its decoder's output of the features (`feats`,
+    else encoded from x), plus the skip path x W_skip^T of a skip transcoder (SAELens's
+    SkipTranscoder.forward; its decode leaves the skip out)."""
+    out = tc.decode(tc.encode(x.to(tc.dtype)) if feats is None else feats)
+    skip = skip_weight(tc)
+    return out if skip is None else out + x.to(skip.dtype) @ skip.T
+
+
 # --- training ---------------------------------------------------------------------------------
 def split(sae: Any, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(input, target) of a training batch: [mlp_in | mlp_out] for a transcoder, the batch

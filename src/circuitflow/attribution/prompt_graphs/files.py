@@ -2,13 +2,18 @@
 so its frontend opens them: `{slug}.json` with `metadata`, `qParams`, `nodes`, `links`, and the
 folder's index `graph-metadata.json` = {"graphs": [metadata, ...]}.
 
-Node ids as circuit-tracer writes them (features `{layer}_{feature}_{pos}`, tokens
-`E_{token}_{pos}`, the logit `{n_layers + 1}_{token}_{pos}`), except error nodes:
-circuit-tracer's `0_{layer}_{pos}` is also the id of layer 0's feature `layer` at `pos`, so a
-graph holding both would link the wrong node; ours are `{layer}_-1_{pos}` (an error node's
-`feature` field is -1 there too), which the frontend treats as an opaque key. One logit node:
-the behaviour's metric, logit(answer) - logit(distractor), drawn as the answer's logit. Extra
-keys circuit-tracer does not read live under `circuitflow` (top level, per node, per link).
+Node ids as circuit-tracer writes them: features `{layer}_{feature}_{pos}` (`feature` its
+id, cantor(layer, feature), as its feature files and Neuronpedia's graph viewer name it), error
+nodes `0_{layer}_{pos}` (`feature` -1), tokens `E_{token}_{pos}`, the logit
+`{n_layers + 1}_{token}_{pos}`. An error node's id is also that of layer 0's feature `layer` at
+`pos` where that feature is in the graph: circuit-tracer's own ambiguity, kept so the files
+open in its frontend and Neuronpedia's as theirs do (`jsNodeId` tells them apart, and the page
+and tables here never read node ids back). `metadata.scan` names the transcoder set as
+circuit-tracer does (its Hugging Face repository for circuit-tracer's own sets; config
+attribution.prompt_graph_scan). One logit node: the behaviour's metric, logit(answer) -
+logit(distractor), drawn as the answer's logit. Extra keys circuit-tracer does not read live
+under `circuitflow` (top level; per node: a feature's Neuronpedia page where its transcoder
+names one) and `heads` (per link).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 
 from circuitflow.attribution.prompt_graphs.prune import Pruned
 from circuitflow.attribution.prompt_graphs.replacement import PromptGraph
+from circuitflow.nodes import neuronpedia_url
 
 SCHEMA_VERSION = 1
 HEADS_PER_LINK = 3
@@ -57,24 +63,37 @@ def _node(node_id, feature, layer, pos, kind, js, **extra) -> dict[str, Any]:
     return node
 
 
+def feature_fields(layer: int, feature: int, labels: dict | None,
+                   neuronpedia: dict | None) -> dict[str, Any]:  # fmt: skip
+    """What every place that shows a transcoder feature says of it: its label from the features
+    stage (`labels`: by layer, then feature; "" where there is none) and its Neuronpedia page
+    (`neuronpedia`: its transcoder's Neuronpedia id by layer; None where it names none)."""
+    label = (labels or {}).get(layer, {}).get(feature, "")
+    return {"label": label, "neuronpedia": neuronpedia_url((neuronpedia or {}).get(layer), feature)}
+
+
 def node_records(graph: PromptGraph, answer_text: str, distractor_text: str, answer_prob: float,
-                 cumulative: torch.Tensor, labels: dict | None = None) -> list[dict]:  # fmt: skip
-    """Every node of `graph`, in node order; a feature's `clerp` is its label from the features
-    stage (`labels`: by layer, then feature; empty where there is none)."""
-    labels = labels or {}
+                 cumulative: torch.Tensor, labels: dict | None = None,
+                 neuronpedia: dict | None = None) -> list[dict]:  # fmt: skip
+    """Every node of `graph`, in node order; a feature's `clerp` and Neuronpedia page as
+    feature_fields gives them."""
     nodes = []
     for i, (layer, pos, feat) in enumerate(graph.features.tolist()):
+        shown = feature_fields(layer, feat, labels, neuronpedia)
+        extra = (
+            {"circuitflow": {"neuronpedia": shown["neuronpedia"]}} if shown["neuronpedia"] else {}
+        )
         nodes.append(
             _node(f"{layer}_{feat}_{pos}", cantor(layer, feat), layer, pos,
                   "cross layer transcoder", f"{layer}_{feat}-0",
                   influence=float(cumulative[i]), activation=float(graph.activations[i]),
-                  clerp=labels.get(layer, {}).get(feat, ""))
+                  clerp=shown["label"], **extra)
         )  # fmt: skip
     for layer in range(graph.n_layers):
         for pos in range(graph.n_pos):
             i = graph.error_index(layer, pos)
             nodes.append(
-                _node(f"{layer}_-1_{pos}", -1, layer, pos, "mlp reconstruction error",
+                _node(f"0_{layer}_{pos}", -1, layer, pos, "mlp reconstruction error",
                       f"{layer}_{pos}-0", influence=float(cumulative[i]))
             )  # fmt: skip
     for pos, tok in enumerate(graph.tokens):
@@ -109,13 +128,15 @@ def graph_file(
     extra: dict[str, Any],
     edge_heads: dict | None = None,
     labels: dict[int, dict[int, str]] | None = None,
+    neuronpedia: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """The graph file's content: the kept edges of `pruned` as links (by target, then source),
     the nodes they join plus every token and logit node (as circuit-tracer writes them). A
     cross-position link also lists, under `heads`, the heads carrying most of it
-    (heads.split_edges: `weight` = the paths through the head), at most HEADS_PER_LINK."""
+    (heads.split_edges: `weight` = the paths through the head), at most HEADS_PER_LINK.
+    `neuronpedia`: each layer's transcoder's Neuronpedia id, where it names one."""
     records = node_records(graph, answer_text, distractor_text, answer_prob, pruned.cumulative,
-                           labels)  # fmt: skip
+                           labels, neuronpedia)  # fmt: skip
     targets, sources = torch.nonzero(pruned.edge_mask, as_tuple=True)
     edge_heads = edge_heads or {}
     links = []

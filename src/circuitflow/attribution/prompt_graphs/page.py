@@ -21,6 +21,7 @@ import torch
 
 from circuitflow.attribution.page import feature_contexts, rounded
 from circuitflow.attribution.prompt_graphs import prune
+from circuitflow.attribution.prompt_graphs.files import feature_fields
 from circuitflow.attribution.prompt_graphs.replacement import PromptGraph
 from circuitflow.io import json_text
 from circuitflow.nodes import Node
@@ -36,11 +37,11 @@ def context_key(layer: int, feature: int) -> str:
 
 def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts: list[str],
                summary: dict[str, Any], labels: dict[int, dict[int, str]] | None = None,
-               ) -> dict[str, Any]:  # fmt: skip
-    """What the page needs of one graph; a feature's label (its clerp) from `labels` (by layer,
-    then feature; empty where there is none), its card's anchor and its card in the feature
+               neuronpedia: dict[int, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """What the page needs of one graph; a feature's label (its clerp) and Neuronpedia page as
+    the graph files give them (files.feature_fields: `labels` by layer, then feature;
+    `neuronpedia`, each layer's transcoder's id), its card's anchor and its card in the feature
     browser (relative to the browser's index, Node.card)."""
-    labels = labels or {}
     kinds = graph.kinds()
     node_cum = pruned.cumulative
     always = torch.tensor([k in ("token", "logit") for k in kinds])
@@ -60,7 +61,7 @@ def graph_data(graph: PromptGraph, pruned: prune.Pruned, edge_heads: dict, texts
             layer, _, feat = graph.features[i].tolist()
             node |= {"layer": layer, "feature": feat, "activation": float(graph.activations[i]),
                      "context": context_key(layer, feat),
-                     "label": labels.get(layer, {}).get(feat, ""),
+                     **feature_fields(layer, feat, labels, neuronpedia),
                      "anchor": Node("feature", layer, feat, "mlp_out").anchor,
                      "card": Node("feature", layer, feat, "mlp_out").card}  # fmt: skip
         elif kind == "error":

@@ -3,9 +3,10 @@ work, from the config alone.
 
 A graph's size is bounded before any prompt is seen: its features are at most the active ones
 (per transcoder and position, the description's `active`: a TopK or BatchTopK transcoder's k,
-a published one's as its cfg.json states it; JumpReLU and ReLU transcoders are planned at twice
-`sae.target_l0`) and at most `attribution.max_feature_nodes`; its nodes add an error node
-per layer and position, a token per position and the logit. Rows are computed
+a published one's as its config states it, else twice the L0 its release lists; JumpReLU and
+ReLU transcoders are planned at twice `sae.target_l0`) and at most
+`attribution.max_feature_nodes`; its nodes add an error node per layer and position, a token
+per position and the logit. Rows are computed
 `prompt_graph_batch_size` at a time, each a forward and a backward of that many prompt copies.
 """
 
@@ -32,7 +33,7 @@ ADJACENCY_BYTES = 4 + 4 + 4 + 8 + 4 + 2
 
 def active_features(config: dict, positions: int) -> int:
     """The most features a prompt can have active: every transcoder's (the run's description:
-    its k, a published one's from its cfg.json) at every position."""
+    its k, a published one's from its config or twice its release's L0) at every position."""
     return sum(d.active for d in describe(config).transcoders) * positions
 
 

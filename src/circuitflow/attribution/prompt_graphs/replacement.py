@@ -4,12 +4,16 @@ on the transcoders the pipeline trained).
 The replacement model is the real model run on the prompt with three things held at their clean
 values: every attention pattern (`hook_pattern`), every norm's denominator (`hook_scale`), and
 every MLP's output (`hook_mlp_out`), which is split into its transcoder's active features
-(activation x decoder row), the transcoder's decoder bias and an error node (the real output
-minus the transcoder's). What is left is linear in the token embeddings, the features' and the
-error nodes' writes: a node's input (a feature's encoder pre-activation, the behaviour's logit
-difference) is the sum of its incoming edges plus bias terms (attention, norm and decoder biases,
-positional embeddings), and each edge is an exact direct effect, computed for a batch of target
-rows by one backward pass through that frozen model.
+(activation x decoder row), the transcoder's decoder bias, a skip transcoder's linear skip path
+(Gemma Scope 2's affine transcoders: x W_skip^T of the MLP's input x) and an error node (the real
+output minus the transcoder's). What is left is linear in the token embeddings, the features'
+and the error nodes' writes: a node's input (a feature's encoder pre-activation, the
+behaviour's logit difference) is the sum of its incoming edges plus bias terms (attention, norm
+and decoder biases, positional embeddings), and each edge is an exact direct effect, computed
+for a batch of target rows by one backward pass through that frozen model. The skip path is no
+node: it stays live in that model, a linear path from the MLP's input to its output, so a
+source's edges include what reaches a target through it (circuit-tracer's treatment: its
+replacement model adds the skip term to the MLP's output with its gradient kept).
 
 Node order (rows are targets, columns sources, as circuit-tracer's adjacency matrix): active
 features sorted by (layer, position, feature), then one error node per (layer, position), layer
@@ -28,9 +32,18 @@ from circuitflow.attribution.prompt_graphs import prune
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, head_hook, hook_name, mlp_hook
 from circuitflow.perf import PassCounter
+from circuitflow.sae.transcoder import skip_weight
 
-# Held at their clean values: what makes the model linear in the nodes' writes.
+# Held at their clean values: what makes the model linear in the nodes' writes. The norms of
+# queries and keys (Qwen3's, Gemma 3's q_norm and k_norm, whose scale is per head, not per
+# position) feed only the pattern, which is held anyway.
 FROZEN_SUFFIXES = ("hook_pattern", "hook_scale")
+PATTERN_ONLY = (".q_norm.", ".k_norm.")
+
+
+def frozen_hook(name: str) -> bool:
+    """Whether the replacement model holds hook `name` at its clean value."""
+    return name.endswith(FROZEN_SUFFIXES) and not any(p in name for p in PATTERN_ONLY)
 
 
 def logit_target(n_pos: int) -> torch.Tensor:
@@ -162,11 +175,11 @@ def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> Clea
     outs = {mlp_hook(layer): layer for layer in range(n_layers)}
 
     def wanted(name: str) -> bool:
-        return name.endswith(FROZEN_SUFFIXES) or name in ins or name in outs or name == EMBED_HOOK
+        return frozen_hook(name) or name in ins or name in outs or name == EMBED_HOOK
 
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens[None], names_filter=wanted)
-    frozen = {k: v.float() for k, v in cache.items() if k.endswith(FROZEN_SUFFIXES)}
+    frozen = {k: v.float() for k, v in cache.items() if frozen_hook(k)}
     pair = [torch.tensor([t], device=logits.device) for t in (answer, distractor)]
     last = logits[0, -1].float()
     return CleanRun(
@@ -190,6 +203,24 @@ class Dictionary:
     errors: torch.Tensor  # [n_layers, P, d]
     decoder_bias: torch.Tensor  # [n_layers, P, d] b_dec where a transcoder replaces the MLP
     use: torch.Tensor  # [P] bool: the positions where transcoders replace the MLPs
+    # [n_layers, P, d]: each skip transcoder's skip path in the clean run (0 elsewhere): the
+    # part of the MLP output the frozen model computes live from the MLP's input (skip_path)
+    skip: torch.Tensor | None = None
+
+    def leaves(self, run: CleanRun) -> torch.Tensor:
+        """[n_layers, P, d]: each MLP's output less its skip path, the value the frozen model
+        writes for it (the skip path added live): the features, decoder bias and error."""
+        mlp = torch.stack([run.mlp_out[layer] for layer in range(len(run.mlp_out))])
+        return mlp if self.skip is None else mlp - self.skip
+
+
+def skip_path(transcoders: dict[int, Any], layer: int, x: torch.Tensor) -> torch.Tensor | None:
+    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d],
+    or None where it has none. At every position, BOS included where the features are left out
+    there (skip_bos), as circuit-tracer's replacement model adds it at every position."""
+    tc = transcoders.get(layer)
+    w = None if tc is None else skip_weight(tc)
+    return None if w is None else x @ w.float().T
 
 
 def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
@@ -200,13 +231,15 @@ def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
 
 
 def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) -> Dictionary:
-    """Each MLP output as its transcoder's active features + decoder bias + error, at the
-    positions not in `skip` (BOS, where the transcoders were not trained: there the whole output
-    is the error node, as the spliced evaluations leave BOS to the real MLP)."""
+    """Each MLP output as its transcoder's active features + decoder bias + skip path + error,
+    at the positions not in `skip` (BOS, where the transcoders were not trained: there the whole
+    output less a skip transcoder's skip path is the error node, as the spliced evaluations
+    leave BOS to the real MLP; circuit-tracer adds the skip path there too)."""
     n_layers = len(run.mlp_out)
     d = run.embed.shape[1]
     errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
     bias = torch.zeros_like(errors)
+    skips = torch.zeros_like(errors)
     feats, acts, pre, writes = [], [], [], []
     use = ~skip
     for layer, tc in sorted(transcoders.items()):
@@ -216,30 +249,36 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
             z = encoder_preacts(tc, x)
             w_dec = tc.W_dec.float()
             b_dec = tc.b_dec.float()
+            s = skip_path(transcoders, layer, x)
         pos, idx = torch.nonzero(a, as_tuple=True)  # sorted by position, then feature
         feats.append(torch.stack([torch.full_like(pos, layer), pos, idx], dim=1))
         acts.append(a[pos, idx])
         pre.append(z[pos, idx])
         writes.append(a[pos, idx, None] * w_dec[idx])
         bias[layer, use] = b_dec
-        errors[layer] -= (a @ w_dec) + bias[layer]
+        if s is not None:
+            skips[layer] = s
+        errors[layer] -= (a @ w_dec) + bias[layer] + skips[layer]
+    skips = skips if any(skip_weight(tc) is not None for tc in transcoders.values()) else None
     if not feats:
         empty = torch.zeros(0)
-        return Dictionary(
-            torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d), errors, bias, use
-        )
-    return Dictionary(
-        torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes), errors, bias, use
-    )
+        return Dictionary(torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d),
+                          errors, bias, use, skips)  # fmt: skip
+    return Dictionary(torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes),
+                      errors, bias, use, skips)  # fmt: skip
 
 
 class FrozenModel:
     """The replacement model of one prompt, run on a batch of copies: sources are leaves
-    (embedding and every MLP output), patterns and norm scales the clean run's."""
+    (embedding and every MLP output less its skip path), patterns and norm scales the clean
+    run's; skip transcoders' skip paths (of `transcoders`) computed live from each MLP's
+    input."""
 
-    def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter) -> None:
+    def __init__(self, model, tokens: torch.Tensor, run: CleanRun, counter: PassCounter,
+                 transcoders: dict[int, Any] | None = None) -> None:  # fmt: skip
         self.model, self.tokens, self.run, self.counter = model, tokens, run, counter
         self.n_layers = model.cfg.n_layers
+        self.transcoders = transcoders or {}
 
     def forward(self, embed: torch.Tensor, mlp_out: torch.Tensor, through=None):
         """(logits, mlp_in per layer, hook_z per layer) with `embed` [B, P, d] and `mlp_out`
@@ -263,7 +302,12 @@ class FrozenModel:
             return embed.to(act.dtype)
 
         def put_mlp(layer: int):
-            return lambda act, hook: mlp_out[:, layer].to(act.dtype)
+            def fn(act, hook):
+                skip = skip_path(self.transcoders, layer, read[layer])
+                out = mlp_out[:, layer] if skip is None else mlp_out[:, layer] + skip
+                return out.to(act.dtype)
+
+            return fn
 
         def keep(store: dict, layer: int):
             def fn(act, hook):
@@ -368,8 +412,7 @@ def compute_rows(
     copies of the prompt (`through`: FrozenModel.forward's, the paths through one head)."""
     run, n_rows = frozen.run, len(targets)
     embed = run.embed.expand(n_rows, -1, -1).clone().requires_grad_(True)
-    mlp = torch.stack([run.mlp_out[layer] for layer in range(frozen.n_layers)])
-    mlp = mlp.expand(n_rows, -1, -1, -1).clone().requires_grad_(True)
+    mlp = dic.leaves(run).expand(n_rows, -1, -1, -1).clone().requires_grad_(True)
     with frozen.counter.part(part):
         value, zs = frozen.values(embed, mlp, targets, transcoders, answer, distractor,
                                   through=through)  # fmt: skip
@@ -447,7 +490,7 @@ def build(
     if skip_bos:
         skip[0] = True
     dic = decompose(run, transcoders, skip.to(device))
-    frozen = FrozenModel(model, toks, run, counter)
+    frozen = FrozenModel(model, toks, run, counter, transcoders)
     n_f, n_layers, n_pos = len(dic.features), model.cfg.n_layers, len(tokens)
     n_err = n_layers * n_pos
     n = n_f + n_err + n_pos + 1  # columns: every active feature of the prompt

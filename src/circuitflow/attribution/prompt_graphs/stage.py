@@ -5,6 +5,7 @@ top-activating contexts beside them, and the page that draws them (see docs/outp
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -38,6 +39,30 @@ log = logging.getLogger(__name__)
 SUMMARY = "summary.json"
 INDEX = "graph-metadata.json"
 CONTEXTS = "feature_contexts.parquet"
+
+
+# circuit-tracer's own transcoder sets, by the SAELens conversion of their releases: their
+# graph files' scan is the release's Hugging Face repository (circuit-tracer's hf_ref).
+CIRCUIT_TRACER_CONVERSIONS = ("mwhanna_transcoder",)
+
+
+def scan_of(config: dict, transcoder_dirs: list[Path | str]) -> tuple[str, list[str]]:
+    """The graph files' (metadata.scan, metadata.transcoder_list): attribution.prompt_graph_scan
+    where set; else the repository of a circuit-tracer release the transcoders all come from
+    (their metrics.json: repo_id, conversion); either with an empty transcoder_list, as
+    circuit-tracer writes a named set. Otherwise model.name and the transcoders' folders."""
+    names = [str(Path(d)) for d in transcoder_dirs]
+    if config["attribution"].get("prompt_graph_scan"):
+        return config["attribution"]["prompt_graph_scan"], []
+    repos = set()
+    for d in transcoder_dirs:
+        path = Path(d) / "metrics.json"
+        metrics = json.loads(path.read_text()) if path.is_file() else {}
+        published = metrics.get("conversion") in CIRCUIT_TRACER_CONVERSIONS
+        repos.add(metrics.get("repo_id") if published else None)
+    if len(repos) == 1 and None not in repos:
+        return repos.pop(), []
+    return config["model"]["name"], names
 
 
 def load_transcoders(dirs: list[Path | str], device) -> dict[int, Any]:
@@ -129,8 +154,10 @@ def run(
             "error nodes (mlps_without_transcoders in summary.json)", whole,
         )  # fmt: skip
     skip_bos = bool(config["capture"]["exclude_bos"])
-    scan = config["model"]["name"]
-    names = [str(Path(d)) for d in transcoder_dirs]
+    scan, names = scan_of(config, transcoder_dirs)
+    # Each layer's Neuronpedia id, where its transcoder names one (a published release's).
+    neuronpedia = {layer: tc.cfg.metadata.neuronpedia_id for layer, tc in transcoders.items()
+                   if getattr(tc.cfg.metadata, "neuronpedia_id", None)}  # fmt: skip
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -183,12 +210,13 @@ def run(
                 distractor_text=token_text(tokenizer, distractor), answer_prob=prob,
                 extra={"behaviour": behaviour, "prompt_id": int(row.prompt_id),
                        "answer": answer, "distractor": distractor, **summary},
-                edge_heads=edge_heads, labels=labels,
+                edge_heads=edge_heads, labels=labels, neuronpedia=neuronpedia,
             )  # fmt: skip
             write_json(tmp / f"{slug}.json", content)
             written.append(content)
             rows.append({"prompt_id": int(row.prompt_id), "slug": slug, **summary})
-            pages.append(page.graph_data(graph, pruned, edge_heads, text, rows[-1], labels))
+            pages.append(page.graph_data(graph, pruned, edge_heads, text, rows[-1], labels,
+                                         neuronpedia))  # fmt: skip
             for i in torch.nonzero(pruned.node_mask[: graph.n_features]).flatten().tolist():
                 layer, _, feat = graph.features[i].tolist()
                 kept.setdefault(layer, set()).add(feat)
@@ -225,7 +253,9 @@ def run(
                 "edge_threshold": cfg.prompt_graph_edge_threshold,
                 "max_feature_nodes": cfg.max_feature_nodes,
                 "skip_bos": skip_bos,
+                "scan": scan,
             },
+            "neuronpedia": {str(layer): np_id for layer, np_id in neuronpedia.items()},
             **counter.summary(len(rows), unit="prompt graph"),
         }
         write_json(tmp / SUMMARY, result)

@@ -1,6 +1,7 @@
 """A prompt graph checked against the real model: the model with its transcoders spliced in
-(each MLP's output = its transcoder of the MLP's input in this run + the error node, held at
-its clean value), attention and norms live. Unablated it is the real model.
+(each MLP's output = its transcoder of the MLP's input in this run, a skip transcoder's skip
+path included, + the error node, held at its clean value), attention and norms live. Unablated
+it is the real model.
 
 - Feature ablations: each of the graph's most influential features zeroed at its position;
   the measured change of the metric against the change the graph predicts, which propagates
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from circuitflow.attribution.prompt_graphs.replacement import PromptGraph
+from circuitflow.attribution.prompt_graphs.replacement import PromptGraph, skip_path
 from circuitflow.attribution.scores import spearman
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import hook_name, mlp_hook
@@ -53,6 +54,8 @@ def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
                 feats = tc.encode(stash[layer].to(tc.dtype)).float() * masks[layer]
                 feats = feats * dic.use[None, :, None]
                 out = out + feats @ tc.W_dec.float()
+                skip = skip_path(s.transcoders, layer, stash[layer].float())
+                out = out if skip is None else out + skip
             return out.to(act.dtype).expand(batch, -1, -1)
 
         return fn

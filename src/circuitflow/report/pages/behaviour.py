@@ -14,9 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from circuitflow.features.write import read_labels
+from circuitflow.features.write import read_labels, read_neuronpedia_ids
 from circuitflow.interventions import flags as fl
 from circuitflow.interventions.inputs import ATTRIBUTION_TABLES
+from circuitflow.nodes import neuronpedia_url
 from circuitflow.report import inputs
 from circuitflow.report.html import cell, note, table_html
 
@@ -331,7 +332,8 @@ def behaviour_sections(
             ("Attribution's validation against exact patching (attribution/graph.json)",
              validation_html(graph))
         )  # fmt: skip
-    sections += _attribution_sections(attr_dir, n, read_labels(feature_dirs))
+    sections += _attribution_sections(attr_dir, n, read_labels(feature_dirs),
+                                      read_neuronpedia_ids(feature_dirs))  # fmt: skip
     sections += _ablation_sections(iv_dir, summary, n)
     return sections
 
@@ -356,13 +358,22 @@ def with_labels(features: pd.DataFrame, labels: dict[tuple[str, int], dict[int, 
 
 
 def _attribution_sections(
-    attr_dir: Path, n: int, labels: dict[tuple[str, int], dict[int, str]]
+    attr_dir: Path,
+    n: int,
+    labels: dict[tuple[str, int], dict[int, str]],
+    neuronpedia: dict[tuple[str, int], str] | None = None,
 ) -> list[tuple[str, str]]:
-    """The top heads and SAE features by attribution (each with its label), inert heads named
-    and left out."""
+    """The top heads and SAE features by attribution (each with its label, and its Neuronpedia
+    page where its SAE names an id), inert heads named and left out."""
     heads, left_out = _leave_out_inert(_attribution_table(attr_dir, "heads"), "score")
     features = with_labels(_top(_attribution_table(attr_dir, "features"), n), labels)
     feat_cols = ["site", "layer", "feature", "label", "kind", "score", "rank"]
+    if neuronpedia:  # published SAEs that name their Neuronpedia ids: each feature's page
+        features = features.assign(neuronpedia=[
+            neuronpedia_url(neuronpedia.get((r.site, int(r.layer))), r.feature)
+            if int(r.feature) >= 0 else None for r in features.itertuples()
+        ])  # fmt: skip
+        feat_cols.append("neuronpedia")
     return [
         (
             f"Top {n} heads by attribution (attribution/heads.parquet)",
@@ -375,7 +386,7 @@ def _attribution_sections(
                 "feature -1 is the SAE's error term; label: the features stage's, made from the "
                 "tokens the feature fires on and promotes (report/features.html has its card)"
             )
-            + table_html(_cols(features, feat_cols)),
+            + table_html(_cols(features, feat_cols), links=("neuronpedia",)),
         ),
     ]
 
