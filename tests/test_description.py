@@ -238,6 +238,14 @@ def test_prompt_graphs_plan_each_transcoders_own_k(published, tmp_path):
     assert [(d.kind, d.active) for d in run.transcoders] == [("transcoder", 24), ("transcoder", 40)]
     assert run.transcoders[1].active_from.endswith("mlp_out/layer_1/cfg.json")
     assert plan.active_features(config, 5) == (24 + 40) * 5
+    # The features stage plans each group's firings from the same k, not a share of the width.
+    from circuitflow.features import plan as features_plan
+
+    layer_0 = features_plan.FeatureGroup((("mlp_out", 0),))
+    assert features_plan.firing_per_token(config, 4 * d_model, layer_0) == 24
+    assert features_plan.firing_per_token(config, 4 * d_model) == 40
+    assert features_plan.firing_per_token(config, 30, layer_0) == 24
+    assert features_plan.firing_per_token(config, 20, layer_0) == 20  # at most the width
     trained = trained_at(config, None)
     assert plan.active_features(trained, 5) == 2 * 16 * 5
     trained["sae"]["architecture"] = "jumprelu"
