@@ -100,8 +100,9 @@ def test_runtime_constants_match_a_fresh_interpreter():
 
     for kind in memory.RUNTIME_MODULES:
         measured = memory.measure_runtime_bytes(kind) / memory.MiB
-        # Upper values (a fresh install's): aged page-cache state measures up to ~20% less.
-        assert 0.95 <= memory.RUNTIME_MB[kind] / measured <= 1.3, (kind, measured)
+        # Upper values (a fresh install's): aged page-cache state measures up to ~25% less
+        # (transformers' many small files: 134 against 178 MiB).
+        assert 0.95 <= memory.RUNTIME_MB[kind] / measured <= 1.4, (kind, measured)
 
 
 def test_a_job_peak_does_not_inherit_its_parents():

@@ -166,16 +166,23 @@ def dictionary_width(config: dict, d_model: int, group: FeatureGroup) -> int:
     return describe(config).widest(group.members)
 
 
-def firing_per_token(config: dict, d_sae: int, group: FeatureGroup | None = None) -> int:
+def firing_per_token(
+    config: dict, d_sae: int, group: FeatureGroup | None = None, active: int | None = None
+) -> int:
     """Features firing a token, planned: the TopK's k, else the L0 the controller steers to;
     where a run has published dictionaries, the most any of `group`'s members (every
     dictionary when None) has active as the description plans it (a published one's own k,
-    or twice the L0 its release lists), at most the width."""
+    or twice the L0 its release lists), at most the width. A features job, whose config holds
+    its own sections only, passes `active` from the dictionaries it loaded (None: a tenth of
+    the width, for dictionaries that state no k)."""
     sae = config["sae"]
     if any(not s.trains for s in dictionary_sources.used(config)):
-        run = describe(config)
-        members = run.dictionaries if group is None else [run.dictionary(*m) for m in group.members]
-        return max(1, min(d_sae, max((d.active for d in members), default=d_sae)))
+        if active is None and "sites" in config:
+            run = describe(config)
+            members = run.dictionaries if group is None else group.members
+            chosen = [d if group is None else run.dictionary(*d) for d in members]
+            active = max((d.active for d in chosen), default=None)
+        return max(1, min(d_sae, active if active else d_sae // 10))
     return min(
         d_sae, sae["k"] if sae["architecture"] in ("topk", "batchtopk") else sae["target_l0"]
     )
@@ -217,7 +224,13 @@ def position_counts_bytes(vocab: int, t: int) -> int:
     return 2 * n_cells(t) * 8 * 3 * (vocab + 1)
 
 
-def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None = None) -> Estimate:
+def estimate(
+    config: dict,
+    group: FeatureGroup,
+    device: str,
+    d_sae: int | None = None,
+    active: int | None = None,
+) -> Estimate:
     """The job's peak memory as a function of its batch (contexts of the pass): the model and
     the group's dictionaries, every collector's state (`state.state_bytes`), the forward
     pass with every member's hook cached (float32), and one dictionary's encode and update;
@@ -236,7 +249,8 @@ def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None =
     dictionaries = n * sae_param_bytes(cfg.d_model, d_sae)
     collectors = n * state_bytes(d_sae, f["k"], f["samples"])
     encode = t * (
-        d_sae * BYTES_PER_FEATURE_TOKEN + firing_per_token(config, d_sae, group) * BYTES_PER_FIRING
+        d_sae * BYTES_PER_FEATURE_TOKEN
+        + firing_per_token(config, d_sae, group, active) * BYTES_PER_FIRING
     )
     cached = n * t * cfg.d_model * 4  # run_with_cache keeps every member's hook on the device
     tokens = 4 * token_set_contexts(config, cfg) * t
@@ -244,11 +258,13 @@ def estimate(config: dict, group: FeatureGroup, device: str, d_sae: int | None =
     cuda = device.startswith("cuda")
     # The sweep also counts every member's labels on each chunk it reads (the firing entries),
     # into counts on the device (labels); one member's go to the host as it is written.
-    counting = WINDOW_CHUNK * t * firing_per_token(config, d_sae, group) * BYTES_PER_FIRING
+    counting = WINDOW_CHUNK * t * firing_per_token(config, d_sae, group, active) * BYTES_PER_FIRING
     one = label_counts_bytes(config, d_sae, cfg.d_vocab, t)
     # The held-out pass keeps every member's firing entries (position, feature: int64, and the
     # activation) for the examples, copied to the host once at its end.
-    entries = n * held_out_contexts(config, cfg) * t * firing_per_token(config, d_sae, group) * 20
+    entries = (
+        n * held_out_contexts(config, cfg) * t * firing_per_token(config, d_sae, group, active) * 20
+    )
     labels = n * one + position_counts_bytes(cfg.d_vocab, t) + entries
     device_readout = (
         WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3 + counting + labels

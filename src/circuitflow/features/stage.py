@@ -502,7 +502,11 @@ def plan_batch(config: dict, members: list[Member], model, t: int, n_contexts: i
     whose planned peak (plan.estimate) fits the device's available memory."""
     device = str(next(model.parameters()).device)
     group = fplan.FeatureGroup(tuple((m.site, m.layer) for m in members))
-    est = fplan.estimate(config, group, device, max(int(m.sae.cfg.d_sae) for m in members))
+    # The members' own k where they state one (published TopK dictionaries), as planned.
+    ks = [getattr(m.sae.cfg, "k", None) for m in members]
+    active = max(ks) if all(isinstance(k, int) for k in ks) else None
+    d_sae = max(int(m.sae.cfg.d_sae) for m in members)
+    est = fplan.estimate(config, group, device, d_sae, active)
     batch = memory.plan_batch_size(
         est,
         min(config["capture"]["max_batch_size"], n_contexts),

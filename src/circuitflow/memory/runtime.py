@@ -8,14 +8,14 @@ provenance pages add pandas, matplotlib and pyarrow: `report`; the model stages 
 TransformerLens and SAELens (transformers, datasets, h5py): `model`; a job that imports
 circuitflow.config and the standard library alone (provenance_run): `config`; the embedded
 model's token sets without torch (held_out_tokens): `arrays`; its prompts, which read its
-tokenizer with transformers but need no torch: `tokenizer` (39 and 165 MiB: measured 32 and 135
-on aged files here, scaled by `base`'s fresh/aged ratio, then checked on CI's fresh install, which
-measured those jobs' whole peaks at 44 and 194 MiB). Measured as the
+tokenizer with transformers but need no torch: `tokenizer` (37 and 178 MiB in a fresh install;
+CI measured those jobs' whole peaks at 44 and 194 MiB). Measured as the
 resident set after importing RUNTIME_MODULES in a fresh interpreter (`python
 scripts/runtime_memory.py` re-measures; tests/test_memory_accuracy.py checks these against it),
 torch 2.13 CPU wheel, Linux x86-64, MiB, in a fresh install. The same imports measure about 20%
 less where the libraries' files have aged in the page cache (220 against 272 MiB for `base` on
-one machine: fresh files are mapped whole on first touch), so these are the upper values.
+one machine, 134 against 178 for `tokenizer`: fresh files are mapped whole on first touch), so
+these are the upper values.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ RUNTIME_MODULES = {
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
-RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 165, "base": 272, "report": 403,
+RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 180, "base": 272, "report": 403,
               "model": 625}  # fmt: skip
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
