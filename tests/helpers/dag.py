@@ -48,6 +48,10 @@ def run_snakemake(
         str(cfg_file),
         "--cores",
         "2",
+        # The suite's runs share the repository's .snakemake/, and a run that ends removes the
+        # whole locks/ folder (Snakemake's _delete_locks) under a run about to write its lock
+        # file: FileNotFoundError .snakemake/locks/0.input.lock. Each run has its own outdir.
+        "--nolock",
         *args,
     ]
     # Rules call `python`: make it this interpreter, as an activated environment would.
