@@ -56,6 +56,15 @@ def zeroed_loss(model, layers, tokens: torch.Tensor) -> float:
     return zeroed(tokens, return_type="loss").item()
 
 
+@torch.no_grad()
+def randomised(tc, g: torch.Generator):
+    """`tc` with every parameter drawn from N(0, 0.3^2) by `g`, frozen, in eval mode."""
+    for p in tc.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        p.requires_grad_(False)
+    return tc.eval()
+
+
 def random_transcoders(model, d_sae: int = 96, k: int = 6, seed: int = 0) -> dict[int, object]:
     """A TopK transcoder per layer of `model` with random weights (SAELens's classes, as the
     stage loads them): a graph's exactness must not depend on how good they are."""
@@ -72,11 +81,7 @@ def random_transcoders(model, d_sae: int = 96, k: int = 6, seed: int = 0) -> dic
         cfg = TopKTranscoderConfig(d_in=d, d_sae=d_sae, d_out=d, k=k, metadata=meta,
                                    apply_b_dec_to_input=False)  # fmt: skip
         tc = TopKTranscoder(cfg)
-        with torch.no_grad():
-            for p in tc.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-                p.requires_grad_(False)
-        out[layer] = tc.eval()
+        out[layer] = randomised(tc, g)
     return out
 
 
@@ -119,9 +124,5 @@ def random_skip_transcoders(model, d_sae: int = 96, seed: int = 1) -> dict[int, 
         meta = SAEMetadata(hook_name=hook_name("mlp_in", layer), hook_name_out=mlp_hook(layer))
         tc = SkipTranscoder(SkipTranscoderConfig(d_in=d, d_sae=d_sae, d_out=d, metadata=meta,
                                                  apply_b_dec_to_input=False))  # fmt: skip
-        with torch.no_grad():
-            for p in tc.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-                p.requires_grad_(False)
-        out[layer] = tc.eval()
+        out[layer] = randomised(tc, g)
     return out
