@@ -16,6 +16,8 @@ from helpers.dag import load_test_config, place_model, read_json, run_snakemake
 from helpers.dictionaries import REVISION, build, lay_out_cache, save
 from sae_lens import SAE
 
+from circuitflow.report.job_costs import job_costs
+
 pytestmark = pytest.mark.slow
 D_MODEL = 64  # the embedded model's (config/config.yaml)
 N_DEAD = 2
@@ -47,21 +49,26 @@ def same_weights(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, tiny_model):
-    """The whole DAG with `sae.pretrained.path` naming dictionaries on disk, both evaluated by
-    one job."""
+    """The DAG to interventions with `sae.pretrained.path` naming dictionaries on disk, both
+    evaluated by one job, with the SAE table and the resolved config; not the rest of the
+    report's small jobs (the default run tests those rules; suite time)."""
     root = tmp_path_factory.mktemp("pretrained-local")
     saes = dictionaries()
     for layer, sae in saes.items():
         save(sae, root / "dicts" / "resid_pre" / f"layer_{layer}")
     pre = {"path": str(root / "dicts" / "{site}" / "layer_{layer}")}
     config = tiny(pre, root / "results", stream={"layers_per_job": 2})
-    place_model(tiny_model, config, root / "results")
-    done = run_snakemake(config, root)
-    return root / "results", saes, done
+    results = root / "results"
+    place_model(tiny_model, config, results)
+    targets = [results / "interventions" / "induction" / "summary.json"]
+    targets += [results / "report" / "sae_metrics.csv"]
+    targets += [results / "provenance" / "config.resolved.yaml"]
+    done = run_snakemake(config, root, *map(str, targets))
+    return results, saes, done, config
 
 
 def test_the_dag_uses_the_dictionaries_instead_of_capture_and_training(local_run):
-    results, saes, done = local_run
+    results, saes, done, _ = local_run
     jobs = done.stdout + done.stderr
     assert jobs.count("rule pretrained_sae_") == 1  # one job for both dictionaries
     assert "rule pretrained_sae_resid_pre_layer_0_to_1:" in jobs
@@ -89,7 +96,7 @@ def test_the_dag_uses_the_dictionaries_instead_of_capture_and_training(local_run
 
 
 def test_attribution_and_interventions_run_on_the_published_dictionaries(local_run):
-    results, saes, _ = local_run
+    results, saes, _, config = local_run
     for behaviour in ("induction",):
         features = pd.read_parquet(results / "attribution" / behaviour / "features.parquet")
         assert set(features.site) == {"resid_pre"} and set(features.layer) <= {0, 1}
@@ -104,7 +111,7 @@ def test_attribution_and_interventions_run_on_the_published_dictionaries(local_r
         assert (results / "interventions" / behaviour / "features.parquet").is_file()
     table = pd.read_csv(results / "report" / "sae_metrics.csv")
     assert list(table.tokens_trained) == [0, 0] and set(table.site) == {"resid_pre"}
-    costs = pd.read_csv(results / "report" / "job_costs.csv")
+    costs = job_costs(results, config, ["induction"], gpu_seen=False)  # the rule's table
     evaluated = costs[costs.rule == "pretrained_sae"]
     assert list(evaluated.job) == ["resid_pre_layer_0_to_1"]  # its first member's count:
     assert (evaluated.forward_equivalents_per_prompt > 3).all()  # 3 passes and the firing one
@@ -166,7 +173,7 @@ def test_a_dictionary_that_does_not_fit_stops_the_run_before_any_job(tmp_path):
 def test_the_config_keeps_its_templates_through_the_rules(local_run):
     """Braces in sae.pretrained's templates are not taken for wildcards: the resolved config
     the provenance rule writes holds the template as given."""
-    results, _, _ = local_run
+    results = local_run[0]
     resolved = yaml.safe_load((results / "provenance" / "config.resolved.yaml").read_text())
     assert resolved["sae"]["pretrained"]["path"].endswith("dicts/{site}/layer_{layer}")
     assert resolved["sae"]["source"] == "pretrained"

@@ -1,7 +1,8 @@
-"""The whole DAG with `sae.source: stream` on .test/config/tiny.yaml's settings: the SAEs of both
-layers train in one job from one stream of the model's forward passes, no activation file is
-written, and attribution (feature contexts from the features stage) and interventions run on
-them."""
+"""The DAG with `sae.source: stream` on .test/config/tiny.yaml's settings, to interventions: the
+SAEs of both layers train in one job from one stream of the model's forward passes, no activation
+file is written, and attribution (feature contexts from the features stage) and interventions run
+on them. The report rules are the default run's to test (tests/workflow/test_report_dag.py):
+here the job-cost table is built from this run's benchmarks by the code the rule runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from helpers.dag import load_test_config, place_model, run_snakemake
 
 from circuitflow import config as cf_config
 from circuitflow import resources, stream_groups
-from circuitflow.report.job_costs import read_benchmark
+from circuitflow.report.job_costs import job_costs, read_benchmark
 
 pytestmark = pytest.mark.slow
 SAE = {"source": "stream", "stream": {"layers_per_job": 2}}
@@ -27,8 +28,17 @@ def stream_run(tmp_path_factory, tiny_model):
     config["behaviours"] = {"induction": config["behaviours"]["induction"]}
     workdir = tmp_path_factory.mktemp("stream-run")
     place_model(tiny_model, config, workdir / "results")
-    run_snakemake(config, workdir)
+    run_snakemake(config, workdir, *targets(workdir / "results"))
     return workdir, config
+
+
+def targets(results) -> list[str]:
+    """What these tests read: the dictionaries, attribution and interventions (the features and
+    held-out jobs come with them); not the report's dozen small jobs (suite time)."""
+    out = [results / "saes" / "resid_post" / f"layer_{layer}" for layer in (0, 1)]
+    out += [results / "attribution" / "induction" / "features.parquet"]
+    out += [results / "interventions" / "induction" / "summary.json"]
+    return [str(p) for p in out]
 
 
 def test_one_job_trains_both_layers_without_activation_files(stream_run):
@@ -97,9 +107,9 @@ def test_attribution_and_interventions_run_on_the_streamed_saes(stream_run):
         assert len(contexts) > 0 and set(contexts["layer"]) <= {0, 1}
         summary = json.loads((results / "interventions" / behaviour / "summary.json").read_text())
         assert summary
-    costs = pd.read_csv(results / "report" / "job_costs.csv")
+    costs = job_costs(results, config, list(config["behaviours"]), gpu_seen=False)
     row = costs[costs["rule"] == "train_sae_stream"].iloc[0]
     assert row["job"] == "resid_post_layer_0_to_1" and row["layer"] == 0
     # A rerun has nothing to do: the group's outputs and params are stable.
-    done = run_snakemake({**config, "outdir": str(results)}, workdir, "-n")
+    done = run_snakemake({**config, "outdir": str(results)}, workdir, "-n", *targets(results))
     assert "Nothing to be done" in done.stdout + done.stderr, done.stdout[-2000:]
