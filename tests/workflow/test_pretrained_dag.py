@@ -111,7 +111,7 @@ def test_attribution_and_interventions_run_on_the_published_dictionaries(local_r
         assert (results / "interventions" / behaviour / "features.parquet").is_file()
     table = pd.read_csv(results / "report" / "sae_metrics.csv")
     assert list(table.tokens_trained) == [0, 0] and set(table.site) == {"resid_pre"}
-    costs = job_costs(results, config, ["induction"], gpu_seen=False)  # the rule's table
+    costs = job_costs(results, config, list(config["behaviours"]), gpu_seen=False)
     evaluated = costs[costs.rule == "pretrained_sae"]
     assert list(evaluated.job) == ["resid_pre_layer_0_to_1"]  # its first member's count:
     assert (evaluated.forward_equivalents_per_prompt > 3).all()  # 3 passes and the firing one

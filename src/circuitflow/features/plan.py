@@ -179,8 +179,9 @@ def firing_per_token(
     if any(not s.trains for s in dictionary_sources.used(config)):
         if active is None and "sites" in config:
             run = describe(config)
-            members = run.dictionaries if group is None else group.members
-            chosen = [d if group is None else run.dictionary(*d) for d in members]
+            chosen = (
+                run.dictionaries if group is None else [run.dictionary(*m) for m in group.members]
+            )
             active = max((d.active for d in chosen), default=None)
         return max(1, min(d_sae, active if active else d_sae // 10))
     return min(
@@ -248,23 +249,19 @@ def estimate(
     )
     dictionaries = n * sae_param_bytes(cfg.d_model, d_sae)
     collectors = n * state_bytes(d_sae, f["k"], f["samples"])
-    encode = t * (
-        d_sae * BYTES_PER_FEATURE_TOKEN
-        + firing_per_token(config, d_sae, group, active) * BYTES_PER_FIRING
-    )
+    firing = firing_per_token(config, d_sae, group, active)
+    encode = t * (d_sae * BYTES_PER_FEATURE_TOKEN + firing * BYTES_PER_FIRING)
     cached = n * t * cfg.d_model * 4  # run_with_cache keeps every member's hook on the device
     tokens = 4 * token_set_contexts(config, cfg) * t
     readout = readout_host_bytes(config, d_sae, n, t, cfg.d_vocab)
     cuda = device.startswith("cuda")
     # The sweep also counts every member's labels on each chunk it reads (the firing entries),
     # into counts on the device (labels); one member's go to the host as it is written.
-    counting = WINDOW_CHUNK * t * firing_per_token(config, d_sae, group, active) * BYTES_PER_FIRING
+    counting = WINDOW_CHUNK * t * firing * BYTES_PER_FIRING
     one = label_counts_bytes(config, d_sae, cfg.d_vocab, t)
     # The held-out pass keeps every member's firing entries (position, feature: int64, and the
     # activation) for the examples, copied to the host once at its end.
-    entries = (
-        n * held_out_contexts(config, cfg) * t * firing_per_token(config, d_sae, group, active) * 20
-    )
+    entries = n * held_out_contexts(config, cfg) * t * firing * 20
     labels = n * one + position_counts_bytes(cfg.d_vocab, t) + entries
     device_readout = (
         WINDOW_CHUNK * t * d_sae * 4 * 2 + LOGIT_BLOCK * cfg.d_vocab * 4 * 3 + counting + labels
