@@ -36,7 +36,8 @@ def run() -> None:
         "--out", nargs="+", required=True, help="saes/{site}/layer_N of each member, in order"
     )
     args, config = cli.parse(parser)
-    from circuitflow.sae import pretrained_stage  # SAELens's import takes seconds: not for --help
+    # SAELens's import takes seconds: not for --help
+    from circuitflow.sae import lifecycle, pretrained_stage
 
     results = pretrained_stage.run_group(
         config, args.members, args.model_json, args.tokens_npy,
@@ -45,9 +46,7 @@ def run() -> None:
     for out, metrics in zip(args.out, results.values(), strict=True):
         print(
             f"pretrained_sae: {out}: {metrics['architecture']} d_sae={metrics['d_sae']} "
-            f"l0={metrics['l0']:.2f} explained_variance={metrics['explained_variance']:.3f} "
-            f"ce_loss_recovered={metrics['ce_loss_recovered']} "
-            f"dead_fraction={metrics['dead_fraction']:.3f}"
+            f"{lifecycle.metrics_line(metrics)}"
         )
 
 

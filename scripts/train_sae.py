@@ -30,14 +30,12 @@ def run() -> None:
     # A bad sae key, then unusable files: the stage's own check, before SAELens's import
     # (~5 s of CPU).
     Inputs.read(SAETrainConfig.from_config(config), args.activations)
-    from circuitflow.sae import stage  # SAELens's import takes seconds: not for --help
+    from circuitflow.sae import lifecycle, stage  # SAELens's import takes seconds: not for --help
 
     metrics = stage.run(config, args.activations, args.model_json, args.out, args.checkpoint_dir)
     print(
-        f"train_sae: {args.out}: {metrics['kind']} l0={metrics['l0']:.2f} "
-        f"explained_variance={metrics['explained_variance']:.3f} "
-        f"ce_loss_recovered={metrics['ce_loss_recovered']} "
-        f"dead_fraction={metrics['dead_fraction']:.3f} tokens_per_s={metrics['tokens_per_s']:.0f}"
+        f"train_sae: {args.out}: {lifecycle.metrics_line(metrics)} "
+        f"tokens_per_s={metrics['tokens_per_s']:.0f}"
     )
 
 

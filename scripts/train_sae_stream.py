@@ -27,7 +27,8 @@ def run() -> None:
     )
     parser.add_argument("--checkpoint-dir", required=True, help="the group's checkpoints")
     args, config = cli.parse(parser)
-    from circuitflow.sae import stream_stage  # SAELens's import takes seconds: not for --help
+    # SAELens's import takes seconds: not for --help
+    from circuitflow.sae import lifecycle, stream_stage
 
     members = [member(m) for m in args.members]
     results = stream_stage.run(
@@ -40,11 +41,7 @@ def run() -> None:
         args.checkpoint_dir,
     )
     for out, m in zip(args.out, results.values(), strict=True):
-        print(
-            f"train_sae_stream: {out}: l0={m['l0']:.2f} "
-            f"explained_variance={m['explained_variance']:.3f} "
-            f"ce_loss_recovered={m['ce_loss_recovered']} dead_fraction={m['dead_fraction']:.3f}"
-        )
+        print(f"train_sae_stream: {out}: {lifecycle.metrics_line(m)}")
     first = next(iter(results.values()))
     print(
         f"train_sae_stream: {len(results)} SAEs, {first['tokens_trained']} tokens each from "

@@ -62,6 +62,22 @@ METRICS_KEYS = (
     "forward_equivalents_total", "forward_equivalents_unit",
 )  # fmt: skip
 
+
+def metrics_line(metrics: dict[str, Any]) -> str:
+    """A dictionary's metrics as its job prints them, one line: an explained variance the
+    target gave no variance to (a constant site, an MLP that writes nothing) says so."""
+    ev = metrics["explained_variance"]
+    explained = (
+        f"{ev:.3f}" if ev is not None
+        else f"undefined (the target is constant: variance {metrics.get('target_variance', 0):.3g})"
+    )  # fmt: skip
+    return (
+        f"{metrics['kind']} l0={metrics['l0']:.2f} explained_variance={explained} "
+        f"ce_loss_recovered={metrics['ce_loss_recovered']} "
+        f"dead_fraction={metrics['dead_fraction']:.3f}"
+    )
+
+
 # `sae` keys that cannot change a trained dictionary, so a checkpoint survives their edit: the
 # training sources' kept keys (their records': the evaluation, the checkpoint cadence, the other
 # sources' sections; `sae.stream`: a stream group's members are in its fingerprint and its

@@ -51,9 +51,23 @@ class Reconstruction:
         self.target_sq += target.double().pow(2).sum().item()
         self.n += target.shape[0]
 
-    def result(self) -> dict[str, float]:
-        total_var = self.target_sq - self.target_sum.pow(2).sum().item() / self.n
-        return {"l0": self.l0 / self.n, "explained_variance": 1.0 - self.sq_err / total_var}
+    def result(self) -> dict[str, float | None]:
+        """`explained_variance` is None where the target has no variance to explain (an MLP
+        that writes nothing, a constant site): `target_variance` (per position, summed over
+        dimensions) says so; a ratio there would divide by zero or by rounding error."""
+        total_var = max(0.0, self.target_sq - self.target_sum.pow(2).sum().item() / self.n)
+        explained = (
+            None if constant_target(total_var, self.target_sq) else 1.0 - self.sq_err / total_var
+        )
+        return {"l0": self.l0 / self.n, "explained_variance": explained,
+                "target_variance": total_var / self.n}  # fmt: skip
+
+
+def constant_target(total_var: float, target_sq: float) -> bool:
+    """Whether a target whose float64 sums give `total_var` (squared deviations from its mean)
+    and `target_sq` (its squares) is constant: zero, or a mean whose cancellation leaves only
+    rounding (float64 sums keep about 1e-15 of target_sq; 1e-9 leaves a wide margin)."""
+    return total_var <= 1e-9 * target_sq
 
 
 @dataclass
