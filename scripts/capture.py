@@ -5,7 +5,7 @@ a killed run from its .partial files; exit 75 after a SIGTERM checkpoint); `merg
 files into one."""
 
 from circuitflow import cli
-from circuitflow.capture import files, stage, tokens
+from circuitflow.capture import tokens
 
 
 def run() -> None:
@@ -32,6 +32,8 @@ def run() -> None:
             f"{meta['source']}, sha256 {meta['token_set_hash'][:12]}"
         )
     elif args.command == "run":
+        from circuitflow.capture import stage  # the model's libraries: not for the token set
+
         result = stage.run(
             config,
             args.model_json,
@@ -46,6 +48,8 @@ def run() -> None:
             f"peak memory {result.peak_memory_mb:.0f} MiB"
         )
     else:
+        from circuitflow.capture import files  # h5py: the merge alone
+
         files.merge_shards(args.shards, args.out)
         print(f"merged {len(args.shards)} shards -> {args.out}")
 

@@ -7,7 +7,7 @@ ablations, feature ablation and steering for one behaviour, into --out-dir.
 """
 
 from circuitflow import cli
-from circuitflow.interventions import across, stage, summary
+from circuitflow.interventions import across
 
 
 def run() -> None:
@@ -25,6 +25,9 @@ def run() -> None:
     if a.command == "across":
         across.across(a.behaviours, a.heads, a.out, a.out_figure)
         return
+    # The model's libraries: not for `across`, a table and a figure (seconds of CPU a job).
+    from circuitflow.interventions import stage, summary
+
     s = stage.run(
         config, a.behaviour, a.prompts, a.model_json, a.attribution_dir, a.saes, a.out_dir
     )

@@ -314,8 +314,8 @@ def build_graph(
     neuronpedia: dict[tuple[str, int], str] | None = None,
 ) -> dict[str, Any]:
     """graph.json: nodes (id, kind, layer, index, score; a feature's `label` from the features
-    stage, `labels` = features.write.read_labels, null where none; its `neuronpedia` page where
-    its dictionary names a Neuronpedia id, `neuronpedia` = features.write.read_neuronpedia_ids),
+    stage, `labels` = features.read.read_labels, null where none; its `neuronpedia` page where
+    its dictionary names a Neuronpedia id, `neuronpedia` = features.read.read_neuronpedia_ids),
     pruned weighted edges (by |weight|, exact where computed: edge_records), thresholds and
     every computed edge (`computed_edges`, before pruning)."""
     labels, neuronpedia = labels or {}, neuronpedia or {}

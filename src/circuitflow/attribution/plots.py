@@ -23,7 +23,7 @@ def head_heatmap(heads: pd.DataFrame, n_layers: int, n_heads: int, title: str):
 
 def feature_tick(site: str, layer: int, feature: int, labels: dict | None) -> str:
     """A feature's name on the figure, `resid_post.1.f355 — label` (its anchor in the feature
-    browser and its label, features.write.read_labels' `labels`; the name alone without one),
+    browser and its label, features.read.read_labels' `labels`; the name alone without one),
     or `error` for the SAE's error term (feature -1)."""
     if feature < 0:
         return "error"
@@ -38,7 +38,7 @@ def feature_tick(site: str, layer: int, feature: int, labels: dict | None) -> st
 def top_features(features: pd.DataFrame, top: int, title: str, labels: dict | None = None):
     """One panel per (site, layer): the `top` features by |score|, error term included, each
     named by its anchor and its label from `labels` ((site, layer) -> feature -> label, as
-    features.write.read_labels reads the features stage's folders)."""
+    features.read.read_labels reads the features stage's folders)."""
     plt = pyplot()
     keys = sorted({(r.site, int(r.layer)) for r in features.itertuples()}, key=lambda k: k[1])
     n = max(len(keys), 1)

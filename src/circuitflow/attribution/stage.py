@@ -82,8 +82,8 @@ def build_graph(
     labels: dict | None = None,
     neuronpedia: dict | None = None,
 ) -> dict[str, Any]:
-    """graph.json: the top nodes (features with their `labels`, features.write.read_labels, and
-    Neuronpedia pages, `neuronpedia` = features.write.read_neuronpedia_ids),
+    """graph.json: the top nodes (features with their `labels`, features.read.read_labels, and
+    Neuronpedia pages, `neuronpedia` = features.read.read_neuronpedia_ids),
     the direct-effect edges between them (on the validation prompts) and their validation
     against exact direct-path patching, `meta` (timings added here)."""
     sp = scored.scores.spliced
@@ -173,7 +173,7 @@ def attribute(
     feature's label and top contexts come from the features stage's folders of the SAEs
     (`feature_dirs`; none without them), its contexts' text decoded with `tokenizer`.
     `bypass_bos`: the SAEs were trained without BOS, so they are bypassed there."""
-    from circuitflow.features.write import read_labels, read_neuronpedia_ids
+    from circuitflow.features.read import read_labels, read_neuronpedia_ids
 
     if cfg.max_prompts:
         prompts = prompts.iloc[: cfg.max_prompts]

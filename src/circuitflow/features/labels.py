@@ -25,18 +25,18 @@ on).
 **Shown text** (`shown`): the label with its F1, `fires on "a" (F1 0.91)`, led by `weak (F1
 0.21): ` below WEAK_F1; `dead` for a feature that never fired; ` (unscored)` where a folder has
 no score (written before labels were scored). The graphs' `clerp`, graph pages, report tables
-and figures take it from `write.read_labels`.
+and figures take it from `read.read_labels`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from circuitflow.features.config import DETERMINISTIC
+from circuitflow.features.read import WEAK_F1, shown
 from circuitflow.features.rules import CUR, RuleTable, show
 from circuitflow.features.scores import STRONG_F1, Scores, summarise
 
@@ -51,20 +51,7 @@ __all__ = [
 ]
 
 LABELLERS = ("tokens", "rules")  # the deterministic labellers, scored every run
-WEAK_F1 = 0.5  # a label below this held-out F1 is shown as weak
 TOKEN_LABEL_TOKENS = 2  # tokens the `tokens` labeller names
-
-
-def shown(label: str, f1: float | None) -> str:
-    """The text shown for a feature whose label is `label` with held-out F1 `f1` (None or NaN:
-    unscored): `fires on "a" (F1 0.91)`, `weak (F1 0.21): fires on "a"`."""
-    if not label or label == "dead":
-        return label
-    if f1 is None or (isinstance(f1, float) and math.isnan(f1)):
-        return f"{label} (unscored)"
-    if f1 < WEAK_F1:
-        return f"weak (F1 {f1:.2f}): {label}"
-    return f"{label} (F1 {f1:.2f})"
 
 
 def token_rules(

@@ -56,15 +56,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from circuitflow import inputs
 from circuitflow.features.collect import (
     BIN_EDGES,
     LOG_DENSITY_EDGES,
     QUANTILE_BANDS,
     FeatureStats,
 )
-from circuitflow.features.labels import shown, texts, token_rules
+from circuitflow.features.labels import texts, token_rules
 from circuitflow.features.logits import Logits
+from circuitflow.features.read import read_labels, read_neuronpedia_ids
 from circuitflow.features.windows import Reader, Windows, read_windows
 from circuitflow.io import atomic_dir, json_text, write_json, write_parquet
 
@@ -254,33 +254,3 @@ def write(
             write_parquet(tmp / "examples.parquet", examples)
         write_json(tmp / "summary.json", summary)
     return folder
-
-
-def read_neuronpedia_ids(folders: Sequence[Path | str]) -> dict[tuple[str, int], str]:
-    """Each folder's dictionary's Neuronpedia id (summary.json's `neuronpedia_id`), keyed by
-    its (site, layer), where it names one: what the attribution stages link a feature by."""
-    out = {}
-    for folder in map(Path, folders):
-        summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
-                                   "feature summary")  # fmt: skip
-        if summary.get("neuronpedia_id"):
-            out[(summary["site"], int(summary["layer"]))] = summary["neuronpedia_id"]
-    return out
-
-
-def read_labels(folders: Sequence[Path | str]) -> dict[tuple[str, int], dict[int, str]]:
-    """Each folder's labels by feature as every place that shows a feature shows them (the
-    label with its held-out F1: labels.shown), keyed by the (site, layer) its summary.json
-    names: what the attribution stages put beside a feature wherever they show one."""
-    out = {}
-    for folder in map(Path, folders):
-        summary = inputs.json_file(folder / "summary.json", ("site", "layer"), "features",
-                                   "feature summary")  # fmt: skip
-        table = pd.read_parquet(folder / "features.parquet")
-        f1 = table["label_f1"] if "label_f1" in table else pd.Series(np.nan, index=table.index)
-        labels = {
-            int(feat): shown(label, float(score))
-            for feat, label, score in zip(table["feature"], table["label"], f1, strict=True)
-        }
-        out[(summary["site"], int(summary["layer"]))] = labels
-    return out

@@ -4,13 +4,16 @@ single-head effects across behaviours."""
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from circuitflow.interventions.config import InterventionsConfig
-from circuitflow.interventions.stats import Runs
 from circuitflow.nodes import Node, head_nodes
+
+if TYPE_CHECKING:  # stats imports torch; the across rule's job needs none of it
+    from circuitflow.interventions.stats import Runs
 
 
 def head_label(layer: int, head: int) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from circuitflow.errors import InputError
-from circuitflow.features.labels import shown
+from circuitflow.features.read import shown
 from circuitflow.io import json_text, write_text
 from circuitflow.nodes import BROWSER_INDEX, dictionary_anchor, dictionary_page, neuronpedia_pages
 

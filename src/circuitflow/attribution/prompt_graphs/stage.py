@@ -29,7 +29,7 @@ from circuitflow.attribution.prompt_graphs import (
 )
 from circuitflow.devices import resolve_device
 from circuitflow.errors import InputError
-from circuitflow.features.write import read_labels
+from circuitflow.features.read import read_labels
 from circuitflow.io import write_json, write_parquet, write_text
 from circuitflow.nodes import site_layer
 from circuitflow.perf import PassCounter

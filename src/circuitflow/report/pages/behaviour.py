@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from circuitflow.features.write import read_labels, read_neuronpedia_ids
+from circuitflow.features.read import read_labels, read_neuronpedia_ids
 from circuitflow.interventions import flags as fl
 from circuitflow.interventions.inputs import ATTRIBUTION_TABLES
 from circuitflow.nodes import neuronpedia_url
@@ -346,7 +346,7 @@ def _attribution_table(attr_dir: Path, name: str) -> pd.DataFrame:
 
 
 def with_labels(features: pd.DataFrame, labels: dict[tuple[str, int], dict[int, str]]):
-    """`features` with each feature's `label` (features.write.read_labels' `labels`): `error
+    """`features` with each feature's `label` (features.read.read_labels' `labels`): `error
     term` for feature -1, empty where the features stage has no label."""
 
     def label(r) -> str:
