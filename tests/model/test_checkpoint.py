@@ -5,8 +5,11 @@ normalisation, and the example config/your-own-model.yaml runs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -163,6 +166,45 @@ def test_a_broken_checkpoint_is_refused_in_one_line_naming_file_and_key(
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"model.name: {ckpt}"), message
     assert re.search(line, message), message
+
+
+def poison(path, name, n, value=float("nan")):
+    """Set the first `n` values of tensor `name` of safetensors file `path` to `value`."""
+    weights = load_file(path)
+    weights[name].view(-1)[:n] = value
+    save_file(weights, path)
+
+
+def test_weights_with_nan_are_refused_by_the_model_stage_before_any_job(tl_checkpoints, tmp_path):
+    """The checks before any job read shapes; the model stage, which reads every weight, refuses
+    a NaN or an infinity in one line naming the file and the tensor, through its script (exit
+    status 2), and writes no model.json: no later job starts."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tl_checkpoints["ln"], ckpt)
+    weights = ckpt / "weights.safetensors"
+    poison(weights, "blocks.0.attn.W_Q", 3)
+    poison(
+        weights, "unembed.W_U", 1, float("-inf")
+    )  # later in the file: the first bad tensor is named
+    resolved = cf.resolve(run_config(ckpt, tmp_path))
+    out = tmp_path / "model" / "model.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "prefetch_model.py"), "--config",
+         json.dumps(cf.section(resolved, "model")), "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"model.name: {weights}: tensor 'blocks.0.attn.W_Q' has 3 NaN values")
+    ), done.stderr
+    assert not out.exists()
+    poison(weights, "blocks.0.attn.W_Q", 3, 0.0)  # no NaN left: the infinity is named
+    with pytest.raises(cf.ConfigError) as err:
+        prefetch(str(ckpt))
+    assert str(err.value) == f"model.name: {weights}: tensor 'unembed.W_U' has 1 infinite value"
 
 
 SITES_REFUSED = {

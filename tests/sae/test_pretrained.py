@@ -16,7 +16,7 @@ import torch
 from helpers.dag import REPO
 from helpers.dictionaries import REVISION, basis, build, lay_out_cache, save
 from sae_lens import SAE
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from circuitflow import config as cf_config
 from circuitflow import description, resources
@@ -428,6 +428,62 @@ def test_a_release_missing_from_the_cache_is_refused_saying_to_prefetch(run_inpu
         "`snakemake prefetch_saes --configfile <your config>` on a machine with internet"
     )
     assert not (tmp_path / "out").exists()
+
+
+def _poison(name: str, n: int, value: float):
+    """An action for _local's layer_dirs: the first `n` values of tensor `name` set to `value`."""
+
+    def action(path: Path) -> None:
+        weights = load_file(path)
+        weights[name].view(-1)[:n] = value
+        save_file(weights, path)
+
+    return action
+
+
+def test_a_local_dictionary_with_nan_weights_is_refused_before_the_model_loads(
+    run_inputs, tmp_path
+):
+    """The config check reads cfg.json and the weights' names; the job reads the values first,
+    and refuses a NaN in one line naming the file and the tensor, before any work."""
+    poisoned = {0: {"sae_weights.safetensors": _poison("W_dec", 2, float("nan"))}}
+    config = resolved(run_inputs, _local(tmp_path, poisoned))
+    with pytest.raises(InputError) as err:
+        run_stage(run_inputs, config, 0, tmp_path / "out")
+    layer0 = tmp_path / LAYER0
+    assert str(err.value) == (
+        f"sae.pretrained.path: {layer0}: {layer0 / 'sae_weights.safetensors'}: tensor 'W_dec' "
+        "has 2 NaN values"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_release_with_an_infinite_weight_is_refused_by_prefetch_saes(
+    run_inputs, tmp_path, monkeypatch
+):
+    """prefetch_saes reads each release's weights as it fetches them and refuses an infinity in
+    one line naming the release, the cached file and the tensor; it writes no prefetch.json."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the login node's cache, filled
+    hf = tmp_path / "hf"
+    saes = {
+        f"resid_pre/layer_{layer}": build("topk", D, f"blocks.{layer}.hook_resid_pre", "tiny-gpt2")
+        for layer in (0, 1)
+    }
+    repo = lay_out_cache(hf / "hub", REPO_ID, saes)
+    weights = repo / "snapshots" / REVISION / "resid_pre" / "layer_1" / "sae_weights.safetensors"
+    _poison("b_enc", 1, float("-inf"))(weights)
+    config = resolved(
+        {**run_inputs, "hf": hf}, {"release": REPO_ID, "sae_id": "{site}/layer_{layer}"}
+    )
+    with pytest.raises(InputError) as err:
+        pretrained_stage.prefetch_stage(config, run_inputs["model_json"], tmp_path / "p.json")
+    assert str(err.value) == (
+        f"sae.pretrained.sae_id: {REPO_ID} resid_pre/layer_1: {weights}: tensor 'b_enc' has 1 "
+        "infinite value"
+    )
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_the_job_refuses_what_the_config_could_not_check(run_inputs, tmp_path):

@@ -344,7 +344,7 @@ class Loaded:
     view: dict[str, Any]
     release: Release | None
     revision: str | None = None
-    files: list[str] = dataclasses.field(default_factory=list)  # a local copy's, as read
+    files: list[str] = dataclasses.field(default_factory=list)  # a release's or copy's, as read
 
 
 def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None = True) -> Loaded:
@@ -382,7 +382,8 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
         loaded.files = files
         return loaded
     rel = resolve_release(d.release, d.sae_id)
-    with hub(hf_cache, offline) as cache, conversion_files():
+    files = []
+    with hub(hf_cache, offline) as cache, conversion_files(read=files):
         # conversion_files: gemma_3's config reads a file's tensor shapes over HTTP even where
         # the cache holds it; here they come from the cached file (published.conversion_files).
         try:
@@ -402,6 +403,7 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
             ) from None
         revision = cached_revision(rel.repo_id, hf_cache)
     loaded = _loaded(d, sae, rel, revision)
+    loaded.files = files
     kwargs = loaded.view["model_from_pretrained_kwargs"] | rel.model_kwargs
     loaded.view["model_from_pretrained_kwargs"] = kwargs
     return loaded
@@ -425,6 +427,30 @@ def check_loaded(d: Dictionary, loaded: Loaded, run: RunModel, kind: str = "sae"
     problems = differences(loaded.view, d.site, d.layer, run, release_model, kind=kind)
     if problems:
         raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+
+
+def weight_files(d: Dictionary, loaded: Loaded | None = None) -> list[Path]:
+    """The safetensors files dictionary `d`'s weights are read from: a local directory's
+    sae_weights.safetensors, a local copy's file or folder (sae_id within path), else those a
+    release's loading read (`loaded.files`: the hub cache's)."""
+    if d.path is not None and not d.converted:
+        return [Path(d.path) / WEIGHTS_FILE]
+    if d.converted:
+        within = Path(d.path) / d.sae_id
+        return [within] if within.is_file() else sorted(within.rglob("*.safetensors"))
+    return [Path(f) for f in (loaded.files if loaded else []) if f.endswith(".safetensors")]
+
+
+def check_finite(d: Dictionary, loaded: Loaded | None = None) -> None:
+    """Refuse, in one line naming the dictionary, the file and the tensor, a dictionary whose
+    weights hold NaN or infinite values (inputs.nonfinite: tensor by tensor, memory bounded):
+    prefetch_saes checks each release it fetches, a pretrained_sae job each local dictionary
+    before the model loads and each release as it loads."""
+    from circuitflow import inputs
+
+    for path in weight_files(d, loaded):
+        if path.suffix == ".safetensors" and (found := inputs.nonfinite(path)):
+            raise InputError(f"{d.key}: {d.label}: {inputs.nonfinite_line(path, found)}")
 
 
 def adapt_transcoder(sae, view: Mapping[str, Any], layer: int, model) -> bool:

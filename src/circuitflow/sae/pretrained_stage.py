@@ -3,7 +3,8 @@
 
 - prefetch_saes (a localrule, on the login node, which has internet): each site and layer's
   dictionary of a SAELens release fetched into the Hugging Face cache by SAE.from_pretrained,
-  one at a time, checked against the model's model.json, and listed in prefetch.json.
+  one at a time, checked against the model's model.json and for finite weights, and listed in
+  prefetch.json.
 - pretrained_sae (one job per group of sites and layers, grouped as the streaming jobs are:
   circuitflow.stream_groups): the model loaded once, then each member's dictionary in turn
   loaded offline (a release from the cache, a local directory as it is, a local copy of a
@@ -37,6 +38,7 @@ from circuitflow.sae.pretrained import (
     Loaded,
     RunModel,
     adapt_transcoder,
+    check_finite,
     check_loaded,
     dictionaries,
     dictionary_for,
@@ -101,6 +103,7 @@ def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dic
     for d in releases:
         loaded = load(d, hf_cache, "cpu", offline=None)  # the environment's network setting
         check_loaded(d, loaded, run, dictionary_kind(config, d.site))
+        check_finite(d, loaded)
         rows.append(describe(d, loaded))
         del loaded  # one dictionary in memory at a time
     summary = {
@@ -214,6 +217,7 @@ def run_group(
             problems = differences(view_of(d), d.site, d.layer, run_model, kind=kind)
             if problems:
                 raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+            check_finite(d)
     device = resolve_device(cfg.device)
     contexts = last_contexts(tokens, cfg.eval_contexts)
     model = None  # loaded once, after the first dictionary's checks
@@ -223,6 +227,8 @@ def run_group(
             torch.cuda.reset_peak_memory_stats()
         loaded = load(d, config["model"]["hf_cache"], device)
         check_loaded(d, loaded, run_model, dictionary_kind(config, d.site))
+        if d.path is None:  # a release (local ones were checked above)
+            check_finite(d, loaded)
         if model is None:
             # The HookedSAETransformer every evaluation splices into, made once (the loaded
             # model is let go: the evaluation would otherwise copy it for each dictionary).
