@@ -99,6 +99,41 @@ def test_without_normalisation_mlp_in_is_what_the_mlp_receives():
     assert "blocks.0.ln2.hook_normalized" not in model.hook_dict
 
 
+def test_a_transcoder_is_checked_against_the_mlp_input_of_a_checkpoint_without_norms(
+    tl_checkpoints,
+):
+    """None is a model's norms (normalization_type null), not "unknown": site mlp_in of the
+    checkpoint without norms is hook_resid_mid whether model.json says so (the jobs), the
+    caller passes it, or the config is read (when it resolves). A transcoder this pipeline
+    writes there (hook_resid_mid -> hook_mlp_out) fits it, as does one that read the MLP's own
+    input (nothing to fold without a norm); on the checkpoint with LayerNorm it is refused."""
+    from circuitflow.nodes import mlp_input
+    from circuitflow.sae.pretrained import RunModel, differences
+    from circuitflow.sae.pretrained_stage import run_model_of
+
+    ours = {"hook_name": "blocks.0.hook_resid_mid", "hook_name_out": "blocks.0.hook_mlp_out"}
+    module_input = {"hook_name": "blocks.0.mlp.hook_in", "hook_name_out": "blocks.0.hook_mlp_out",
+                    "model_from_pretrained_kwargs": {"fold_ln": False}}  # fmt: skip
+    for shape, norms in (("no_ln", None), ("ln", "LN")):
+        config = {"model": {"name": str(tl_checkpoints[shape])}}
+        info = prefetch(str(tl_checkpoints[shape]))
+        assert info["architecture"]["normalization_type"] == norms
+        runs = [run_model_of(config, info), RunModel.from_config(config, tl.D_MODEL, norms),
+                RunModel.from_config(config, tl.D_MODEL)]  # fmt: skip
+        for run in runs:
+            assert run.mlp_in == mlp_input(norms)
+            problems = differences(ours, "mlp_out", 0, run, kind="transcoder")
+            if shape == "no_ln":
+                assert problems == []
+                assert differences(module_input, "mlp_out", 0, run, kind="transcoder") == []
+            else:
+                assert problems == [
+                    "input hook blocks.0.hook_resid_mid is not layer 0's MLP input (the pipeline "
+                    "reads blocks.0.ln2.hook_normalized; blocks.0.mlp.hook_in and a Hugging Face "
+                    "pre-MLP norm's output are taken too)"
+                ]
+
+
 # --- checked before any job -----------------------------------------------------------------------
 def run_config(ckpt, tmp_path, **overrides) -> dict:
     """A config of the checkpoint `ckpt` with its prompts and corpus."""

@@ -105,6 +105,11 @@ def check_template(template: str, key: str, sites: Sequence[str], layers: Sequen
 
 
 # --- the run's model ------------------------------------------------------------------------------
+# RunModel.from_config's `normalization` when the caller does not know the model's norms: None
+# is a value (a TransformerLens checkpoint without norms, normalization_type null).
+UNKNOWN: Any = object()
+
+
 @dataclass(frozen=True)
 class RunModel:
     """The model a dictionary must have been made for: its names and, where known, d_model."""
@@ -117,25 +122,25 @@ class RunModel:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], d_model: int | None,
-                    normalization: str | None = None) -> RunModel:  # fmt: skip
+                    normalization: str | None = UNKNOWN) -> RunModel:  # fmt: skip
         """The config's model; `d_model` where known (None: not checked); `normalization`: its
-        norms as loaded (the loaded model's normalization_type; None: as planning reads the
-        config's model, where the config holds its shape; a job's section does not, and its
-        loaded model is checked when a transcoder is adapted to it: adapt_transcoder)."""
+        norms as loaded (the loaded model's normalization_type, None for a model without
+        norms), or UNKNOWN: as planning reads the config's model (a job's section lacks the
+        embedded model's, which has LayerNorm; a loaded model is checked again when a
+        transcoder is adapted to it: adapt_transcoder)."""
         name = str(config["model"]["name"])
         names = {name}
         local = Path(name).expanduser()
         hub = name != "embedded" and not local.exists()
         if not hub and name != "embedded":
             names |= {str(local.resolve()), local.resolve().name}
-        mlp_in = mlp_input()
-        if normalization is None and (name != "embedded" or "embedded" in config):
-            from circuitflow.model.architectures import model_cfg
+        if normalization is UNKNOWN:
+            normalization = "LN"  # the embedded model's
+            if name != "embedded" or "embedded" in config:
+                from circuitflow.model.architectures import model_cfg
 
-            normalization = model_cfg(dict(config)).normalization_type
-        if normalization is not None:
-            mlp_in = mlp_input(normalization)
-        return cls(name, frozenset(names), d_model, hub, mlp_in)
+                normalization = model_cfg(dict(config)).normalization_type
+        return cls(name, frozenset(names), d_model, hub, mlp_input(normalization))
 
     def matches(self, model_name: str) -> bool:
         """Whether a dictionary made for `model_name` was made for this model: the same name, or
@@ -170,11 +175,14 @@ class RunModel:
 HF_PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm")
 
 
-def transcoder_reads(view: Mapping[str, Any], layer: int) -> str | None:
-    """What a published transcoder's input hook read at `layer`: `normalised`, `mlp` (see
-    above), or None where it is not layer `layer`'s MLP input."""
+def transcoder_reads(view: Mapping[str, Any], layer: int,
+                     mlp_in: MlpInput | None = None) -> str | None:  # fmt: skip
+    """What a published transcoder's input hook read at `layer` of a model whose site mlp_in is
+    `mlp_in`: `normalised` (that site: ln2's normalised residual, or in a model without norms
+    hook_resid_mid, what the MLP reads), `mlp` (see above), or None where it is not layer
+    `layer`'s MLP input. `mlp_in` None: a model with LayerNorm."""
     hook, hf = view.get("hook_name"), view.get("hf_hook_name") or ""
-    if hook == hook_name("mlp_in", layer):
+    if hook == f"blocks.{layer}.{(mlp_in or mlp_input()).hook}":
         return "normalised"
     if hook == f"blocks.{layer}.mlp.hook_in":
         return "mlp"
@@ -199,14 +207,16 @@ def folds_norm(view: Mapping[str, Any], layer: int, mlp_in: MlpInput) -> bool:
     weight, which the model applies after site mlp_in's hook). ValueError saying what differs
     where the model as loaded cannot give the input it read: its norms folded into the MLPs
     (the weight is gone), or a hook that is not layer `layer`'s MLP input."""
-    reads = transcoder_reads(view, layer)
+    reads = transcoder_reads(view, layer, mlp_in)
     if reads is None:
         raise ValueError(
             f"input hook {view.get('hook_name')} is not layer {layer}'s MLP input (the pipeline "
-            f"reads {hook_name('mlp_in', layer)}; blocks.{layer}.mlp.hook_in and a Hugging Face "
+            f"reads blocks.{layer}.{mlp_in.hook}; blocks.{layer}.mlp.hook_in and a Hugging Face "
             "pre-MLP norm's output are taken too)"
         )
     after_weight = reads == "mlp" and read_after_norm_weight(view)
+    if after_weight and mlp_in == mlp_input(None):
+        return False  # no norm: the MLP's input is site mlp_in itself, nothing to fold
     if after_weight and not mlp_in.norm_after:
         raise ValueError(
             "read the MLP's input after its norm's weight (its model loaded with fold_ln "

@@ -33,6 +33,7 @@ from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.plan import EVAL_BATCH
 from circuitflow.sae.pretrained import (
     CFG_FILE,
+    UNKNOWN,
     WEIGHTS_FILE,
     Dictionary,
     Loaded,
@@ -58,6 +59,15 @@ def _model_info(model_json: Path | str) -> dict:
     from circuitflow.model.load import read_model_json
 
     return read_model_json(Path(model_json).parent)
+
+
+def run_model_of(config: dict, info: dict) -> RunModel:
+    """The run's model as model.json (`info`) describes it: its d_model, and its norms where
+    it records them (a TransformerLens checkpoint's, None when it has none), else as the config
+    plans them."""
+    arch = info["architecture"]
+    norms = arch["normalization_type"] if "normalization_type" in arch else UNKNOWN
+    return RunModel.from_config(config, int(arch["d_model"]), norms)
 
 
 def describe(d: Dictionary, loaded: Loaded) -> dict[str, Any]:
@@ -94,7 +104,7 @@ def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dic
     environment's), check each against the model, write prefetch.json."""
     SAETrainConfig.from_dict(config["sae"])  # a config given by hand is checked as the schema says
     info = _model_info(model_json)
-    run = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    run = run_model_of(config, info)
     hf_cache = config["model"]["hf_cache"]
     rows = []
     releases = [d for d in dictionaries(config) if d.path is None]
@@ -204,7 +214,7 @@ def run_group(
     cfg = SAETrainConfig.from_dict(config["sae"], device=config["device"])
     ds = [dictionary_for(config, s, n) for s, n in members]
     info = _model_info(model_json)
-    run_model = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    run_model = run_model_of(config, info)
     tokens, meta = read_token_set(tokens_npy, tokens_json)
     if meta.get("model_hash") != info["weights_sha256"]:
         raise InputError(
