@@ -435,7 +435,7 @@ def check_cross_fields(config: dict, notes: list[str] | None = None) -> None:
     capture_config.check(config, dims)
     cfg = architectures.model_cfg(config)
     counted = context_length(config, cfg) - int(bool(config["capture"]["exclude_bos"]))
-    features_config.check(config, token_set_contexts(config, cfg) * counted,
+    features_config.check(config, token_set_contexts(config) * counted,
                           notes if notes is not None else [])  # fmt: skip
 
 
