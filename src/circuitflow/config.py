@@ -464,6 +464,11 @@ def resolve(
             checkpoint.check(config["model"]["name"])
         except ConfigError as err:
             raise ConfigError(f"model.name: {err}") from None
+    from circuitflow.model import same_as
+
+    _, same_as_notes = same_as.check(config)
+    if notes is not None:
+        notes.extend(same_as_notes)
     from circuitflow.sae.config import resolve_kind
 
     config["sae"]["kind"] = resolve_kind(config, is_embedded(config))
@@ -504,5 +509,9 @@ def load(source: str | Path, base_dir: Path | str = ".") -> dict:
 
 def section(config: dict, *keys: str) -> dict:
     """The named top-level keys only: rules pass just what they use, so an unrelated edit does
-    not make Snakemake rerun them."""
-    return {key: config[key] for key in keys}
+    not make Snakemake rerun them. `model.same_as` is left out where it is not set: a run
+    computed before the key existed keeps its jobs' params (readers use .get)."""
+    out = {key: config[key] for key in keys}
+    if "model" in out and "same_as" in out["model"] and out["model"]["same_as"] is None:
+        out["model"] = {k: v for k, v in out["model"].items() if k != "same_as"}
+    return out

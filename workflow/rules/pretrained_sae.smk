@@ -16,7 +16,7 @@ if "pretrained_sae" in PARTS:
     # whether BOS is left out of it (capture.exclude_bos, as for the token set).
     PRETRAINED_CONFIG = {
         "device": config["device"],
-        "model": config["model"],
+        "model": cf_config.section(config, "model")["model"],
         "sites": PRETRAINED_PART["sites"],
         "layers": LAYERS,
         "sae": {

@@ -119,6 +119,13 @@ class RunModel:
     d_model: int | None
     hub: bool  # a Hugging Face hub name (TransformerLens aliases may spell it otherwise)
     mlp_in: MlpInput = mlp_input()  # site mlp_in of the model as it is loaded
+    # model.same_as: the model a local directory is a copy of (model.same_as checked it).
+    same_as: str | None = None
+
+    @property
+    def local(self) -> bool:
+        """A local directory (not a hub name, not the embedded model)."""
+        return not self.hub and self.name != "embedded"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], d_model: int | None,
@@ -140,26 +147,45 @@ class RunModel:
                 from circuitflow.model.architectures import model_cfg
 
                 normalization = model_cfg(dict(config)).normalization_type
-        return cls(name, frozenset(names), d_model, hub, mlp_input(normalization))
+        same_as = config["model"].get("same_as") if not hub and name != "embedded" else None
+        return cls(name, frozenset(names), d_model, hub, mlp_input(normalization), same_as)
 
     def matches(self, model_name: str) -> bool:
         """Whether a dictionary made for `model_name` was made for this model: the same name, or
-        for a hub model the same TransformerLens model under another alias (gpt2-small, gpt2)."""
+        for a hub model (or a local copy of one, model.same_as) the same TransformerLens model
+        under another alias (gpt2-small, gpt2)."""
         if model_name in self.names:
             return True
-        if not self.hub:
-            return False
-        from circuitflow.model.architectures import architecture_key
+        hub_name = self.name if self.hub else self.same_as
+        return hub_name is not None and same_model(model_name, hub_name)
 
-        key = architecture_key(model_name)
-        if key is not None and key == architecture_key(self.name):
-            return True
-        try:
-            from transformer_lens.loading_from_pretrained import get_official_model_name
+    def not_made_for(self, made_for: str) -> str:
+        """The problem of a dictionary made for another model, saying what would make a local
+        directory that model (model.same_as)."""
+        line = f"made for model {made_for!r}, not the run's model {self.name!r}"
+        if self.local and self.same_as is not None:
+            return f"{line} (model.same_as: {self.same_as})"
+        if self.local:
+            return f"{line}: set model.same_as: {made_for} if {self.name} is that model"
+        return line
 
-            return get_official_model_name(model_name) == get_official_model_name(self.name)
-        except ValueError:  # not a TransformerLens name
-            return False
+
+def same_model(a: str, b: str) -> bool:
+    """Whether hub or TransformerLens names `a` and `b` name one model (aliases: gpt2-small and
+    gpt2; TransformerLens is imported only where circuitflow's own table cannot tell)."""
+    if a == b:
+        return True
+    from circuitflow.model.architectures import architecture_key
+
+    key = architecture_key(a)
+    if key is not None and key == architecture_key(b):
+        return True
+    try:
+        from transformer_lens.loading_from_pretrained import get_official_model_name
+
+        return get_official_model_name(a) == get_official_model_name(b)
+    except ValueError:  # not a TransformerLens name
+        return False
 
 
 # --- a published transcoder's input against site mlp_in ------------------------------------------
@@ -284,7 +310,7 @@ def differences(
             problems.append(f"{dim} {value} is not the model's d_model {run.d_model}")
     for made_for in dict.fromkeys(filter(None, (view.get("model_name"), release_model))):
         if not run.matches(str(made_for)):
-            problems.append(f"made for model {made_for!r}, not the run's model {run.name!r}")
+            problems.append(run.not_made_for(str(made_for)))
     norm = view.get("normalize_activations", "none")
     if normalisation and norm != "none":
         problems.append(
