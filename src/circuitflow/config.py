@@ -507,11 +507,14 @@ def load(source: str | Path, base_dir: Path | str = ".") -> dict:
     return resolve(yaml.safe_load(path.read_text()) or {}, base_dir, config_files=[path])
 
 
-def section(config: dict, *keys: str) -> dict:
+def section(config: dict, *keys: str, same_as: bool = False) -> dict:
     """The named top-level keys only: rules pass just what they use, so an unrelated edit does
-    not make Snakemake rerun them. `model.same_as` is left out where it is not set: a run
-    computed before the key existed keeps its jobs' params (readers use .get)."""
+    not make Snakemake rerun them. `model.same_as` only where `same_as` asks for it and it is
+    set: it changes nothing the other rules compute (the published dictionaries' rules and the
+    provenance read it), and a run computed before the key existed keeps its params (readers
+    use .get)."""
     out = {key: config[key] for key in keys}
-    if "model" in out and "same_as" in out["model"] and out["model"]["same_as"] is None:
-        out["model"] = {k: v for k, v in out["model"].items() if k != "same_as"}
+    model = out.get("model")
+    if model is not None and "same_as" in model and not (same_as and model["same_as"]):
+        out["model"] = {k: v for k, v in model.items() if k != "same_as"}
     return out

@@ -95,14 +95,16 @@ def test_the_config_check_runs_it(tiny_hf_model_dir):
     ), str(err.value)
 
 
-def test_rules_params_leave_out_an_unset_same_as():
-    """The model section the rules pass holds model.same_as only where it is set, so a run
-    computed before the key existed is not rerun for it (Snakemake compares params)."""
+def test_rules_params_hold_same_as_only_where_it_is_read():
+    """The model section the rules pass holds model.same_as only for the rules that read it
+    and only where it is set: a run computed before the key existed is not rerun for it, nor
+    are the model, baseline or capture jobs when it is set (Snakemake compares params)."""
     from circuitflow import config as cf
 
     resolved = cf.resolve({})
-    assert resolved["model"]["same_as"] is None
-    assert "same_as" not in cf.section(resolved, "model", "seed")["model"]
-    assert "same_as" in resolved["model"]  # the config itself keeps it
+    assert resolved["model"]["same_as"] is None and "same_as" in resolved["model"]
+    for wanted in (False, True):
+        assert "same_as" not in cf.section(resolved, "model", "seed", same_as=wanted)["model"]
     given = {**resolved, "model": {**resolved["model"], "same_as": "gpt2"}}
-    assert cf.section(given, "model")["model"]["same_as"] == "gpt2"
+    assert cf.section(given, "model")["model"] == cf.section(resolved, "model")["model"]
+    assert cf.section(given, "model", same_as=True)["model"]["same_as"] == "gpt2"

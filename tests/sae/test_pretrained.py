@@ -523,7 +523,7 @@ def test_a_local_copy_of_a_dictionarys_model_is_accepted_with_model_same_as(
     out = tmp_path / "provenance"  # the provenance rule's script, in this process
     monkeypatch.setattr(sys, "argv", [
         "provenance.py", "environment", "--config", json.dumps(cf_config.section(
-            config, *config)), "--out-environment", str(out / "environment.json"),
+            config, *config, same_as=True)), "--out-environment", str(out / "environment.json"),
         "--out-config", str(out / "config.resolved.yaml"),
     ])  # fmt: skip
     runpy.run_path(str(REPO / "scripts" / "provenance.py"), run_name="__main__")
