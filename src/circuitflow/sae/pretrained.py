@@ -10,11 +10,13 @@ re-exported here under the names the stage and its callers use.
 the run when its hook (`metadata.hook_name`) is the site and layer it fills
 (`blocks.{layer}.hook_{site}`: gpt2-small-res-jb's `hook_resid_pre` is site resid_pre), its
 `d_in` is the model's `d_model` and the model it was made for (`metadata.model_name`, and a
-release's model in SAELens's directory) is the run's. `check_config` checks all it can without
-loading weights when the config resolves (a local directory's cfg.json; a release's cfg.json
-where the Hugging Face cache holds it); the prefetch_saes localrule and the pretrained_sae job
-check the loaded dictionary again, against the model's own `d_model`, before any work. Every
-refusal is one line naming the key or file, the dictionary and what differs.
+release's model in SAELens's directory) is the run's (for a local directory, the model
+`model.same_as` says it holds: circuitflow.model.same_as). `check_config` checks all it can
+without loading weights when the config resolves (a local directory's cfg.json; a release's
+cfg.json where the Hugging Face cache holds it); the prefetch_saes localrule and the
+pretrained_sae job check the loaded dictionary again, against the model's own `d_model`, and its
+weights for NaN and infinite values (check_finite), before any work. Every refusal is one line
+naming the key or file, the dictionary and what differs.
 
 Nothing here imports torch or SAELens at module level: the config check runs in the Snakemake
 process. The stage that evaluates and writes the dictionaries is `sae.pretrained_stage`.
