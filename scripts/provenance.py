@@ -4,6 +4,7 @@
 freeze, seeds and failed jobs."""
 
 from circuitflow import cli, provenance
+from circuitflow.model import same_as
 
 
 def run() -> None:
@@ -18,7 +19,8 @@ def run() -> None:
     cli.add_outputs(p, "hashes", "slurm", "pip-freeze", "run")
     args, config = cli.parse(parser)
     if args.command == "environment":
-        provenance.write_environment(config, args.out_environment, args.out_config)
+        record, _ = same_as.check(config)  # the local model's identity, where the user gave it
+        provenance.write_environment(config, args.out_environment, args.out_config, record)
     else:
         provenance.write_after_run(
             config, args.outdir, args.out_hashes, args.out_slurm, args.out_pip_freeze, args.out_run

@@ -147,7 +147,7 @@ def test_a_source_added_by_its_registry_line_is_planned_as_its_record_says(monke
         > 100 * (resources.disk_plan(renamed)["activations"])
     )
     cfg = architectures.model_cfg(renamed)
-    assert capture_plan.token_set_contexts(renamed, cfg) == capture_plan.contexts(renamed, cfg)[2]
+    assert capture_plan.token_set_contexts(renamed) == capture_plan.contexts(renamed, cfg)[2]
     # The fit check: nothing refused on the profile, and the same line where memory runs short.
     machine = fit.Machine(memory=2**40, free_disk=2**50)
     assert fit.problem(renamed, jobs, CSD3, machine) is None

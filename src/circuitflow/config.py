@@ -435,7 +435,7 @@ def check_cross_fields(config: dict, notes: list[str] | None = None) -> None:
     capture_config.check(config, dims)
     cfg = architectures.model_cfg(config)
     counted = context_length(config, cfg) - int(bool(config["capture"]["exclude_bos"]))
-    features_config.check(config, token_set_contexts(config, cfg) * counted,
+    features_config.check(config, token_set_contexts(config) * counted,
                           notes if notes is not None else [])  # fmt: skip
 
 
@@ -464,6 +464,11 @@ def resolve(
             checkpoint.check(config["model"]["name"])
         except ConfigError as err:
             raise ConfigError(f"model.name: {err}") from None
+    from circuitflow.model import same_as
+
+    _, same_as_notes = same_as.check(config)
+    if notes is not None:
+        notes.extend(same_as_notes)
     from circuitflow.sae.config import resolve_kind
 
     config["sae"]["kind"] = resolve_kind(config, is_embedded(config))
@@ -502,7 +507,14 @@ def load(source: str | Path, base_dir: Path | str = ".") -> dict:
     return resolve(yaml.safe_load(path.read_text()) or {}, base_dir, config_files=[path])
 
 
-def section(config: dict, *keys: str) -> dict:
+def section(config: dict, *keys: str, same_as: bool = False) -> dict:
     """The named top-level keys only: rules pass just what they use, so an unrelated edit does
-    not make Snakemake rerun them."""
-    return {key: config[key] for key in keys}
+    not make Snakemake rerun them. `model.same_as` only where `same_as` asks for it and it is
+    set: it changes nothing the other rules compute (the published dictionaries' rules and the
+    provenance read it), and a run computed before the key existed keeps its params (readers
+    use .get)."""
+    out = {key: config[key] for key in keys}
+    model = out.get("model")
+    if model is not None and "same_as" in model and not (same_as and model["same_as"]):
+        out["model"] = {k: v for k, v in model.items() if k != "same_as"}
+    return out

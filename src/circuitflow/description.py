@@ -82,6 +82,8 @@ class Run:
     prompt_length: int  # tokens a prompt is planned at (memory.prompt_length)
     prompts: tuple[tuple[str, int], ...]  # (behaviour, n_prompts), the config's order
     cluster: Cluster
+    # Contexts of the token set capture_tokens builds (token_set_contexts).
+    token_set_contexts: int = 0
     # Whether every width is known: False while a release's cfg.json is not fetched yet.
     widths_known: bool = True
 
@@ -135,6 +137,19 @@ def context_length(config: Mapping[str, Any], n_ctx: int) -> int:
     context `n_ctx` (a real model's at most REAL_CONTEXT)."""
     real = config["model"]["name"] != "embedded"
     return config["capture"]["context_length"] or (min(n_ctx, REAL_CONTEXT) if real else n_ctx)
+
+
+def token_set_contexts(config: Mapping[str, Any], context_len: int) -> int:
+    """Contexts of the token set capture_tokens builds, of `context_len` tokens each (BOS
+    included): the capture's (`capture.n_tokens` rows, BOS left out of each context unless
+    `capture.exclude_bos` is false), or where the dictionary source trains on the token set
+    (`sae.source: stream`) `sae.total_tokens` training rows and `sae.eval_contexts` held-out
+    contexts."""
+    per_context = context_len - int(bool(config["capture"]["exclude_bos"]))
+    if not dictionary_sources.token_set_source(config).trains_on_token_set:
+        return math.ceil(config["capture"]["n_tokens"] / per_context)
+    sae = config["sae"]
+    return math.ceil(sae["total_tokens"] / per_context) + sae["eval_contexts"]
 
 
 def published_view(
@@ -231,16 +246,18 @@ def build(config: Mapping[str, Any], cluster: Cluster | None = None) -> Run:
         cfg=cfg,
     )
     dictionaries, known = _dictionaries(config, cfg.d_model)
+    t = context_length(config, cfg.n_ctx)
     return Run(
         model=model,
         source=config["sae"]["source"],
         layers=tuple(int(n) for n in config["layers"]),
         spliced_sites=tuple(sae_sites(config)),
         dictionaries=dictionaries,
-        context_length=context_length(config, cfg.n_ctx),
+        context_length=t,
         prompt_length=prompt_length(config, cfg),
         prompts=tuple((b, int(spec["n_prompts"])) for b, spec in config["behaviours"].items()),
         cluster=cluster or Cluster(),
+        token_set_contexts=token_set_contexts(config, t),
         widths_known=known,
     )
 

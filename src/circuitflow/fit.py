@@ -214,7 +214,7 @@ def hours(minutes: float) -> str:
 def token_set_bytes(config: dict) -> int:
     """Bytes of the token set capture_tokens builds (int32 [contexts, context length])."""
     cfg = architectures.model_cfg(config)
-    return TOKEN_BYTES * token_set_contexts(config, cfg) * context_length(config, cfg)
+    return TOKEN_BYTES * token_set_contexts(config) * context_length(config, cfg)
 
 
 def job_label(rule: str, job: str | None) -> str:

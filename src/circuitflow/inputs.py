@@ -110,3 +110,86 @@ def safetensors_file(path: Path | str, stage: str | None = None):
         raise InputError(
             f"{path}: not a readable safetensors file ({err}){_rerun(stage)}"
         ) from None
+
+
+# --- weights with values no model can compute with ----------------------------------------------
+# The bit layout of each floating dtype safetensors stores: (unsigned view, exponent mask,
+# mantissa mask). A value is NaN or infinite when its exponent bits are all ones (NaN when its
+# mantissa is not zero as well); float8 e4m3 has no infinity, only NaN (all bits but the sign).
+FLOAT_BITS = {
+    "F64": ("<u8", 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+    "F32": ("<u4", 0x7F800000, 0x007FFFFF),
+    "F16": ("<u2", 0x7C00, 0x03FF),
+    "BF16": ("<u2", 0x7F80, 0x007F),
+    "F8_E5M2": ("u1", 0x7C, 0x03),
+    "F8_E4M3": ("u1", 0x7F, 0x00),
+}
+FINITE_CHUNK_BYTES = 64 << 20  # read a tensor this much at a time: memory stays bounded
+
+
+def nonfinite(path: Path | str, skip=None) -> tuple[str, int, int] | None:
+    """The first tensor of the safetensors file `path` (in the file's order) holding NaN or
+    infinite values: (its name, how many NaN, how many infinite); None when every value is
+    finite. Reads the header, then each floating tensor's bytes a chunk at a time through a
+    memory map, as unsigned integers whose exponent bits are tested: no torch, memory bounded by
+    FINITE_CHUNK_BYTES whatever the model's size. Integer and boolean tensors are skipped, and
+    those whose name `skip` (a predicate) accepts."""
+    import numpy as np
+
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= path.stat().st_size - 8:
+                raise ValueError(f"header length {size} does not fit the file")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
+    entries = sorted(
+        ((k, v) for k, v in header.items() if k != "__metadata__"),
+        key=lambda kv: kv[1]["data_offsets"][0],
+    )
+    start = 8 + size
+    data = np.memmap(path, dtype=np.uint8, mode="r") if entries else None
+    for name, entry in entries:
+        bits = FLOAT_BITS.get(entry["dtype"])
+        if bits is None or (skip is not None and skip(name)):
+            continue
+        view, exponent, mantissa = bits
+        itemsize = np.dtype(view).itemsize
+        begin, end = (start + int(o) for o in entry["data_offsets"])
+        if end > len(data):
+            raise InputError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
+        step = max(itemsize, FINITE_CHUNK_BYTES // itemsize * itemsize)
+        nan = inf = 0
+        for at in range(begin, end, step):
+            chunk = data[at : min(at + step, end)].view(view)
+            special = (chunk & exponent) == exponent
+            if not special.any():
+                continue
+            n_special = int(special.sum())
+            if mantissa:
+                n_nan = int((special & ((chunk & mantissa) != 0)).sum())
+            else:  # float8 e4m3: its one special pattern is NaN
+                n_nan = n_special
+            nan, inf = nan + n_nan, inf + n_special - n_nan
+        if nan or inf:
+            return name, nan, inf
+    return None
+
+
+def nonfinite_line(path: Path | str, found: tuple[str, int, int]) -> str:
+    """`path: tensor 'NAME' has 3 NaN values` (and infinite ones), for one-line refusals."""
+    name, nan, inf = found
+    counts = [f"{n} {what} value{'s' if n != 1 else ''}"
+              for n, what in ((nan, "NaN"), (inf, "infinite")) if n]  # fmt: skip
+    return f"{path}: tensor {name!r} has {' and '.join(counts)}"
+
+
+def finite_weights(paths, key: str, error: type[ValueError] = InputError, skip=None) -> None:
+    """Refuse, in one line naming `key`, the file and the tensor, weights (safetensors files)
+    holding NaN or infinite values (`error`: ConfigError where the config named them; `skip`:
+    as nonfinite's)."""
+    for path in paths:
+        if found := nonfinite(path, skip):
+            raise error(f"{key}: {nonfinite_line(path, found)}")

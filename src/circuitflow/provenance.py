@@ -352,13 +352,18 @@ def run_started(outdir: Path | str) -> datetime | None:
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_environment(config: dict, out_environment, out_config) -> None:
-    """Rule provenance: the environment (software, GPU, job, git) and the resolved config."""
+def write_environment(config: dict, out_environment, out_config,
+                      model_same_as: dict | None = None) -> None:  # fmt: skip
+    """Rule provenance: the environment (software, GPU, job, git) and the resolved config;
+    `model_same_as`: model.same_as's check (circuitflow.model.same_as), where it is set."""
     import yaml
 
     from circuitflow.io import write_json, write_text
 
-    write_json(out_environment, environment(REPO))
+    env = environment(REPO)
+    if model_same_as is not None:
+        env["model_same_as"] = model_same_as
+    write_json(out_environment, env)
     write_text(out_config, yaml.safe_dump(config, sort_keys=False))
 
 

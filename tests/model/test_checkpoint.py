@@ -5,8 +5,11 @@ normalisation, and the example config/your-own-model.yaml runs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -96,6 +99,41 @@ def test_without_normalisation_mlp_in_is_what_the_mlp_receives():
     assert "blocks.0.ln2.hook_normalized" not in model.hook_dict
 
 
+def test_a_transcoder_is_checked_against_the_mlp_input_of_a_checkpoint_without_norms(
+    tl_checkpoints,
+):
+    """None is a model's norms (normalization_type null), not "unknown": site mlp_in of the
+    checkpoint without norms is hook_resid_mid whether model.json says so (the jobs), the
+    caller passes it, or the config is read (when it resolves). A transcoder this pipeline
+    writes there (hook_resid_mid -> hook_mlp_out) fits it, as does one that read the MLP's own
+    input (nothing to fold without a norm); on the checkpoint with LayerNorm it is refused."""
+    from circuitflow.nodes import mlp_input
+    from circuitflow.sae.pretrained import RunModel, differences
+    from circuitflow.sae.pretrained_stage import run_model_of
+
+    ours = {"hook_name": "blocks.0.hook_resid_mid", "hook_name_out": "blocks.0.hook_mlp_out"}
+    module_input = {"hook_name": "blocks.0.mlp.hook_in", "hook_name_out": "blocks.0.hook_mlp_out",
+                    "model_from_pretrained_kwargs": {"fold_ln": False}}  # fmt: skip
+    for shape, norms in (("no_ln", None), ("ln", "LN")):
+        config = {"model": {"name": str(tl_checkpoints[shape])}}
+        info = prefetch(str(tl_checkpoints[shape]))
+        assert info["architecture"]["normalization_type"] == norms
+        runs = [run_model_of(config, info), RunModel.from_config(config, tl.D_MODEL, norms),
+                RunModel.from_config(config, tl.D_MODEL)]  # fmt: skip
+        for run in runs:
+            assert run.mlp_in == mlp_input(norms)
+            problems = differences(ours, "mlp_out", 0, run, kind="transcoder")
+            if shape == "no_ln":
+                assert problems == []
+                assert differences(module_input, "mlp_out", 0, run, kind="transcoder") == []
+            else:
+                assert problems == [
+                    "input hook blocks.0.hook_resid_mid is not layer 0's MLP input (the pipeline "
+                    "reads blocks.0.ln2.hook_normalized; blocks.0.mlp.hook_in and a Hugging Face "
+                    "pre-MLP norm's output are taken too)"
+                ]
+
+
 # --- checked before any job -----------------------------------------------------------------------
 def run_config(ckpt, tmp_path, **overrides) -> dict:
     """A config of the checkpoint `ckpt` with its prompts and corpus."""
@@ -163,6 +201,45 @@ def test_a_broken_checkpoint_is_refused_in_one_line_naming_file_and_key(
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"model.name: {ckpt}"), message
     assert re.search(line, message), message
+
+
+def poison(path, name, n, value=float("nan")):
+    """Set the first `n` values of tensor `name` of safetensors file `path` to `value`."""
+    weights = load_file(path)
+    weights[name].view(-1)[:n] = value
+    save_file(weights, path)
+
+
+def test_weights_with_nan_are_refused_by_the_model_stage_before_any_job(tl_checkpoints, tmp_path):
+    """The checks before any job read shapes; the model stage, which reads every weight, refuses
+    a NaN or an infinity in one line naming the file and the tensor, through its script (exit
+    status 2), and writes no model.json: no later job starts."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tl_checkpoints["ln"], ckpt)
+    weights = ckpt / "weights.safetensors"
+    poison(weights, "blocks.0.attn.W_Q", 3)
+    poison(
+        weights, "unembed.W_U", 1, float("-inf")
+    )  # later in the file: the first bad tensor is named
+    resolved = cf.resolve(run_config(ckpt, tmp_path))
+    out = tmp_path / "model" / "model.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "prefetch_model.py"), "--config",
+         json.dumps(cf.section(resolved, "model")), "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"model.name: {weights}: tensor 'blocks.0.attn.W_Q' has 3 NaN values")
+    ), done.stderr
+    assert not out.exists()
+    poison(weights, "blocks.0.attn.W_Q", 3, 0.0)  # no NaN left: the infinity is named
+    with pytest.raises(cf.ConfigError) as err:
+        prefetch(str(ckpt))
+    assert str(err.value) == f"model.name: {weights}: tensor 'unembed.W_U' has 1 infinite value"
 
 
 SITES_REFUSED = {

@@ -120,3 +120,32 @@ def test_dag_on_a_local_hugging_face_model(local_hf_results):
     with open_activations(results / "activations" / "resid_post" / "layer_1.h5") as h5:
         assert h5["acts"].shape[1] == 32  # the tiny model's d_model
         assert h5.attrs["hook_name"] == "blocks.1.hook_resid_post"
+
+
+@pytest.mark.parametrize("file", ["model.safetensors", "pytorch_model.bin"])
+def test_a_local_directory_with_an_infinite_weight_is_refused_by_the_model_stage(
+    tiny_hf_model_dir, tmp_path, file
+):
+    """The model stage reads every weight file of a local Hugging Face directory (safetensors,
+    else PyTorch's .bin) and refuses one holding NaN or infinite values in one line naming the
+    file and the tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    local = tmp_path / "tiny"
+    shutil.copytree(tiny_hf_model_dir, local)
+    weights = load_file(local / "model.safetensors")
+    name = "transformer.h.1.mlp.c_fc.weight"
+    weights[name][0, :2] = float("inf")
+    weights[name][1, 0] = float("nan")
+    if file.endswith(".bin"):
+        (local / "model.safetensors").unlink()
+        torch.save(weights, local / file)
+    else:
+        save_file(weights, local / file, metadata={"format": "pt"})
+    with pytest.raises(cf.ConfigError) as err:
+        prefetch(str(local))
+    assert str(err.value) == (
+        f"model.name: {local / file}: tensor '{name}' has 1 NaN value and 2 infinite values"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from helpers.dag import REPO
 from helpers.dictionaries import REVISION, basis, build, lay_out_cache, save
 from sae_lens import SAE
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from circuitflow import config as cf_config
 from circuitflow import description, resources
@@ -310,12 +311,13 @@ CONFIG_REFUSALS = {
     "model": (
         {"model_name": "gpt2"},
         f"sae.pretrained.path: {{tmp}}/{LAYER0}: made for model 'gpt2', not the run's model "
-        "'{model}'",
+        "'{model}': set model.same_as: gpt2 if {model} is that model",
     ),
     "two differences": (
         {"model_name": "gpt2", "d_in": 16},
         f"sae.pretrained.path: {{tmp}}/{LAYER0}: d_in 16 is not the model's d_model 32; made "
-        "for model 'gpt2', not the run's model '{model}'",
+        "for model 'gpt2', not the run's model '{model}': set model.same_as: gpt2 if {model} is "
+        "that model",
     ),
     "no weights": (
         {0: {"sae_weights.safetensors": Path.unlink}},
@@ -428,6 +430,108 @@ def test_a_release_missing_from_the_cache_is_refused_saying_to_prefetch(run_inpu
         "`snakemake prefetch_saes --configfile <your config>` on a machine with internet"
     )
     assert not (tmp_path / "out").exists()
+
+
+def _poison(name: str, n: int, value: float):
+    """An action for _local's layer_dirs: the first `n` values of tensor `name` set to `value`."""
+
+    def action(path: Path) -> None:
+        weights = load_file(path)
+        weights[name].view(-1)[:n] = value
+        save_file(weights, path)
+
+    return action
+
+
+def test_a_local_dictionary_with_nan_weights_is_refused_before_the_model_loads(
+    run_inputs, tmp_path
+):
+    """The config check reads cfg.json and the weights' names; the job reads the values first,
+    and refuses a NaN in one line naming the file and the tensor, before any work."""
+    poisoned = {0: {"sae_weights.safetensors": _poison("W_dec", 2, float("nan"))}}
+    config = resolved(run_inputs, _local(tmp_path, poisoned))
+    with pytest.raises(InputError) as err:
+        run_stage(run_inputs, config, 0, tmp_path / "out")
+    layer0 = tmp_path / LAYER0
+    assert str(err.value) == (
+        f"sae.pretrained.path: {layer0}: {layer0 / 'sae_weights.safetensors'}: tensor 'W_dec' "
+        "has 2 NaN values"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_release_with_an_infinite_weight_is_refused_by_prefetch_saes(
+    run_inputs, tmp_path, monkeypatch
+):
+    """prefetch_saes reads each release's weights as it fetches them and refuses an infinity in
+    one line naming the release, the cached file and the tensor; it writes no prefetch.json."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the login node's cache, filled
+    hf = tmp_path / "hf"
+    saes = {
+        f"resid_pre/layer_{layer}": build("topk", D, f"blocks.{layer}.hook_resid_pre", "tiny-gpt2")
+        for layer in (0, 1)
+    }
+    repo = lay_out_cache(hf / "hub", REPO_ID, saes)
+    weights = repo / "snapshots" / REVISION / "resid_pre" / "layer_1" / "sae_weights.safetensors"
+    _poison("b_enc", 1, float("-inf"))(weights)
+    config = resolved(
+        {**run_inputs, "hf": hf}, {"release": REPO_ID, "sae_id": "{site}/layer_{layer}"}
+    )
+    with pytest.raises(InputError) as err:
+        pretrained_stage.prefetch_stage(config, run_inputs["model_json"], tmp_path / "p.json")
+    assert str(err.value) == (
+        f"sae.pretrained.sae_id: {REPO_ID} resid_pre/layer_1: {weights}: tensor 'b_enc' has 1 "
+        "infinite value"
+    )
+    assert not (tmp_path / "p.json").exists()
+
+
+TINY_HUB = "circuitflow-test/tiny-gpt2"  # the tiny model's name on a hub, for model.same_as
+
+
+def test_a_local_copy_of_a_dictionarys_model_is_accepted_with_model_same_as(
+    run_inputs, tmp_path, monkeypatch
+):
+    """Dictionaries made for a hub model, on a local directory holding that model: refused
+    naming model.same_as; accepted with it, checked against the model's config.json in the
+    hub cache, by the config check and the job alike, and recorded in environment.json."""
+    hf = tmp_path / "hf"
+    repo = hf / "hub" / f"models--{TINY_HUB.replace('/', '--')}"
+    (repo / "snapshots" / REVISION).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    hf_config = json.loads((Path(run_inputs["model_name"]) / "config.json").read_text())
+    (repo / "snapshots" / REVISION / "config.json").write_text(json.dumps(hf_config))
+    pre = _local(tmp_path, model_name=TINY_HUB)
+    model = run_inputs["model_name"]
+    with pytest.raises(ConfigError) as err:
+        resolved({**run_inputs, "hf": hf}, pre)
+    assert str(err.value) == (
+        f"sae.pretrained.path: {tmp_path / LAYER0}: made for model '{TINY_HUB}', not the run's "
+        f"model '{model}': set model.same_as: {TINY_HUB} if {model} is that model"
+    )
+    raw = base_config(model, hf, pre)
+    raw["model"]["same_as"] = TINY_HUB
+    notes = []
+    config = cf_config.resolve(raw, REPO, notes=notes)
+    # Every field known (the cache holds the model's config.json): no note of model.same_as.
+    assert not [note for note in notes if "model.same_as" in note], notes
+    metrics = run_stage(run_inputs, config, 1, tmp_path / "out")
+    assert metrics["model_name"] == TINY_HUB and (tmp_path / "out" / "metrics.json").is_file()
+    out = tmp_path / "provenance"  # the provenance rule's script, in this process
+    monkeypatch.setattr(sys, "argv", [
+        "provenance.py", "environment", "--config", json.dumps(cf_config.section(
+            config, *config, same_as=True)), "--out-environment", str(out / "environment.json"),
+        "--out-config", str(out / "config.resolved.yaml"),
+    ])  # fmt: skip
+    runpy.run_path(str(REPO / "scripts" / "provenance.py"), run_name="__main__")
+    record = json.loads((out / "environment.json").read_text())["model_same_as"]
+    assert record["model"] == model and record["same_as"] == TINY_HUB
+    assert record["checked"] == {"architecture": "GPT2LMHeadModel", "d_model": D, "n_layers": 2,
+                                 "d_vocab": 600}  # fmt: skip
+    assert record["unchecked"] == [] and "Hugging Face cache" in record["sources"]["d_model"]
 
 
 def test_the_job_refuses_what_the_config_could_not_check(run_inputs, tmp_path):

@@ -91,6 +91,35 @@ def test_each_layout_reads_the_mlps_own_input_once_adapted(releases, layout):
     assert (getattr(loaded.sae, "W_skip", None) is not None) == (layout == "gemma_3")
 
 
+@pytest.mark.parametrize("layout", ["mwhanna_transcoder", "gemma_3"])
+def test_a_copy_with_nan_weights_is_refused_naming_its_file(releases, layout, tmp_path):
+    """A local copy of a release in its own layout: its weight file (a file, or a folder's
+    safetensors) checked for finite values, one line naming the file and the tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from circuitflow.errors import InputError
+    from circuitflow.sae.pretrained import check_finite
+
+    _, copies = releases
+    root = tmp_path / "copy"
+    shutil.copytree(copies[layout], root)
+    d = dictionary({layout: root}, layout, 1)
+    check_finite(d)  # intact
+    within = root / d.sae_id
+    path = within if within.is_file() else within / "params.safetensors"
+    tensors = load_file(path)
+    name = sorted(tensors)[0]
+    tensors[name].view(-1)[:4] = float("nan")
+    save_file(tensors, path)
+    with pytest.raises(InputError) as err:
+        check_finite(d)
+    assert str(err.value) == (
+        f"sae.pretrained.path: {root} {d.sae_id}: {path}: tensor '{name}' has 4 NaN values"
+    )
+
+
 def test_the_norm_folding_a_release_was_made_with_is_checked_against_the_model():
     """Whether a release's input needs the norm's weight folded, by what its hook read and how
     its model was loaded, against how the run's model is loaded; refused where the model as

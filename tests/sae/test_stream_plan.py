@@ -17,6 +17,7 @@ from circuitflow.capture import plan as capture_plan
 from circuitflow.capture import tokens as corpus
 from circuitflow.capture.config import CaptureConfig
 from circuitflow.cluster import Cluster
+from circuitflow.description import describe
 from circuitflow.errors import ConfigError
 from circuitflow.sae import stream_plan
 from circuitflow.sae.stream_plan import StreamGroup
@@ -62,11 +63,17 @@ def test_the_token_set_holds_the_streamed_budget_and_the_held_out_contexts(local
     np.testing.assert_array_equal(toks[:10], plain)  # the same corpus, packed the same way
     # Every training row is its own token of the corpus: no context repeats.
     assert len({row.tobytes() for row in toks}) == len(toks)
-    # The plan sizes capture_tokens's job and the disk by the same count.
+    # The run's description holds that count, and capture's plans (capture_tokens's job, the
+    # disk) read it there.
     cfg = _with(EMBEDDED, source="stream", total_tokens=600, eval_contexts=4)
     cfg["capture"] |= {"context_length": 16}
-    model_cfg = capture_plan.architectures.model_cfg(cfg)
-    assert capture_plan.token_set_contexts(cfg, model_cfg) == 44
+    run = describe(cfg)
+    assert run.token_set_contexts == len(toks) and run.context_length == toks.shape[1]
+    assert capture_plan.token_set_contexts(cfg) == len(toks)
+    work = capture_plan.job_work(cfg, "capture_tokens")
+    assert work.other_seconds == toks.size / capture_plan.TOKENIZE_TOKENS_PER_S
+    assert capture_plan.job_bytes(cfg, "capture_tokens", "cpu") == 2 * 8 * toks.size
+    assert capture_plan.disk_bytes(cfg) == 4 * 2 * toks.size
 
 
 def test_a_corpus_too_small_for_the_streamed_budget_is_one_line(local_model, tmp_path):

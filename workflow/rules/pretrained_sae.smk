@@ -10,13 +10,14 @@ from circuitflow import stream_groups as cf_stream_groups
 if "pretrained_sae" in PARTS:
     PRETRAINED_PART = PARTS["pretrained_sae"]
     PRETRAINED_PREFETCH = f"{OUT}/pretrained/prefetch.json"
-    # What the jobs read (editing sae.lr and the like reruns nothing): the device, the model,
+    # What the jobs read (editing sae.lr and the like reruns nothing): the device, the model
+    # (model.same_as included: the dictionaries are checked against it),
     # their sites and layers, where the dictionaries come from (sae.pretrained, and
     # sae.transcoders for the transcoders of sae.kind both), the evaluation's contexts, and
     # whether BOS is left out of it (capture.exclude_bos, as for the token set).
     PRETRAINED_CONFIG = {
         "device": config["device"],
-        "model": config["model"],
+        "model": cf_config.section(config, "model", same_as=True)["model"],
         "sites": PRETRAINED_PART["sites"],
         "layers": LAYERS,
         "sae": {

@@ -18,7 +18,8 @@ rule provenance:
     resources:
         **job_resources("provenance"),
     params:
-        cfg=config_json(*config),
+        # model.same_as included: its check is recorded in environment.json.
+        cfg=json_param(cf_config.section(config, *config, same_as=True)),
     shell:
         stage("provenance")
         + " environment --config {params.cfg} --out-environment {output.environment}"

@@ -1,5 +1,6 @@
 """The capture stage's job plans (rules capture_tokens, capture, capture_shard, merge_capture):
-host memory and counted work from the config, for circuitflow.resources (the rule table)."""
+host memory and counted work of the run as circuitflow.description describes it (the model's
+shape, the context length, the token set's size), for circuitflow.resources (the rule table)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import math
 
 from circuitflow import description, dictionary_sources
+from circuitflow.description import describe
 from circuitflow.memory import (
     Estimate,
     MiB,
@@ -64,16 +66,12 @@ def contexts(config: dict, model_cfg) -> tuple[int, int, int]:
     return t, per_context, math.ceil(config["capture"]["n_tokens"] / per_context)
 
 
-def token_set_contexts(config: dict, model_cfg) -> int:
-    """Contexts of the token set capture_tokens builds: the capture's, or where the dictionary
-    source trains on the token set (`sae.source: stream`) `sae.total_tokens` training rows and
-    `sae.eval_contexts` held-out contexts."""
-    sae = config["sae"]
-    if not dictionary_sources.token_set_source(config).trains_on_token_set:
-        return contexts(config, model_cfg)[2]
-    t = context_length(config, model_cfg)
-    per_context = t - 1 if config["capture"]["exclude_bos"] else t
-    return math.ceil(sae["total_tokens"] / per_context) + sae["eval_contexts"]
+def token_set_contexts(config: dict) -> int:
+    """Contexts of the token set capture_tokens builds, as the run's description counts them
+    (description.token_set_contexts), without describing the whole run: the config check
+    asks before the published dictionaries it would read are checked."""
+    cfg = architectures.model_cfg(config)
+    return description.token_set_contexts(config, context_length(config, cfg))
 
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
@@ -81,35 +79,33 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     copies) for capture_tokens; the forward pass with two batches of every hook's rows for
     capture (capture_estimate), or a real model's load where that is more."""
     capture = config["capture"]
+    run = describe(config)
+    cfg, t = run.model.cfg, run.context_length
     n_rows = capture["n_tokens"]
     if rule == "capture_tokens":
         if dictionary_sources.token_set_source(config).trains_on_token_set:
-            cfg = architectures.model_cfg(config)
-            n_rows = token_set_contexts(config, cfg) * context_length(config, cfg)
+            n_rows = run.token_set_contexts * t
         return 2 * 8 * n_rows
     if rule not in ("capture", "capture_shard"):
         return 0
-    cfg = architectures.model_cfg(config)
-    n_params = architectures.n_params(cfg)
     hooks = capture_hooks(config)
-    t = context_length(config, cfg)
     dtype = model_dtype_name(config, device)
-    est = capture_estimate(cfg, n_params, t, cfg.n_layers, hooks, dtype, capture["dtype"], device)
+    est = capture_estimate(cfg, run.model.n_params, t, cfg.n_layers, hooks, dtype,
+                           capture["dtype"], device)  # fmt: skip
     n_contexts = -(-n_rows // (t - 1))
     batch = min(capture["batch_size"] or capture["max_batch_size"], n_contexts)
-    real = config["model"]["name"] != "embedded"
-    return max(load_bytes(n_params) if real else 0, est.host_peak(batch))
+    return max(0 if run.model.embedded else load_bytes(run.model.n_params), est.host_peak(batch))
 
 
 def job_work(config: dict, rule: str, behaviour: str | None = None) -> Work | None:
     """capture_tokens: tokenising the contexts; capture (a shard: its share): a forward pass of
     every context through the deepest captured layer, and every hook's rows written."""
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
+    cfg = run.model.cfg
     capture = config["capture"]
     t, per_context, n_contexts = contexts(config, cfg)
     if rule == "capture_tokens":
-        n_contexts = token_set_contexts(config, cfg)
-        return Work({}, other_seconds=n_contexts * t / TOKENIZE_TOKENS_PER_S)
+        return Work({}, other_seconds=run.token_set_contexts * t / TOKENIZE_TOKENS_PER_S)
     if rule not in ("capture", "capture_shard"):
         return None
     shards = capture["shards"] if rule == "capture_shard" else 1
@@ -125,9 +121,9 @@ def disk_bytes(config: dict) -> int:
     """Bytes of the activation files (rows x (d_in in the capture dtype + an int32 token), every
     hook; none unless the dictionary source reads them: `sae.source: capture`) and the token set
     (int32 rows, and its hash's copy)."""
-    cfg = architectures.model_cfg(config)
+    run = describe(config)
     rows = config["capture"]["n_tokens"]
-    row = cfg.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
+    row = run.model.d_model * dtype_bytes(config["capture"]["dtype"]) + 4
     if not dictionary_sources.run_reads_activation_files(config):
-        return 4 * 2 * token_set_contexts(config, cfg) * context_length(config, cfg)
+        return 4 * 2 * run.token_set_contexts * run.context_length
     return capture_hooks(config) * rows * row + 4 * 2 * rows

@@ -156,7 +156,7 @@ def wanted_contexts(config: dict, model_cfg) -> int:
     token set's."""
     _, counted = per_context(config, model_cfg)
     wanted = math.ceil(config["features"]["n_tokens"] / counted)
-    return min(wanted, token_set_contexts(config, model_cfg))
+    return min(wanted, token_set_contexts(config))
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def estimate(
     firing = firing_per_token(config, d_sae, group, active)
     encode = t * (d_sae * BYTES_PER_FEATURE_TOKEN + firing * BYTES_PER_FIRING)
     cached = n * t * cfg.d_model * 4  # run_with_cache keeps every member's hook on the device
-    tokens = 4 * token_set_contexts(config, cfg) * t
+    tokens = 4 * token_set_contexts(config) * t
     readout = readout_host_bytes(config, d_sae, n, t, cfg.d_vocab)
     cuda = device.startswith("cuda")
     # The sweep also counts every member's labels on each chunk it reads (the firing entries),
@@ -302,7 +302,7 @@ def held_out_tokenized(config: dict, model_cfg) -> int:
     """Tokens held_out_tokens makes: a text corpus is packed again up to the token set's end
     before its own contexts; the embedded language draws its own only."""
     t, _ = per_context(config, model_cfg)
-    before = token_set_contexts(config, model_cfg) if config["capture"]["corpus"] else 0
+    before = token_set_contexts(config) if config["capture"]["corpus"] else 0
     return (before + held_out_contexts(config, model_cfg)) * t
 
 

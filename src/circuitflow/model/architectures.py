@@ -79,6 +79,7 @@ QWEN3_06B = {
     "gated_mlp": True,
     "normalization_type": "RMS",
     "positional_embedding_type": "rotary",
+    "original_architecture": "Qwen3ForCausalLM",
 }
 GEMMA3_270M = {
     "n_layers": 18,
@@ -93,6 +94,7 @@ GEMMA3_270M = {
     "gated_mlp": True,
     "normalization_type": "RMS",
     "positional_embedding_type": "rotary",
+    "original_architecture": "Gemma3ForCausalLM",
 }
 # model.name spellings (lower case) -> those shapes.
 KNOWN_SHAPES = {

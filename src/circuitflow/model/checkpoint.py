@@ -37,6 +37,14 @@ REQUIRED = ("n_layers", "d_model", "n_ctx", "d_head")  # HookedTransformerConfig
 # The fields a tensor's dimensions come from, to name the one a mismatched shape points at.
 SIZE_FIELDS = ("d_vocab", "d_vocab_out", "n_ctx", "d_model", "n_heads", "n_key_value_heads",
                "d_head", "d_mlp")  # fmt: skip
+# TransformerLens's buffers (attention's mask and -inf IGNORE, rotary tables): rebuilt from the
+# config when the checkpoint loads, whatever the file holds, so never read as weights.
+BUFFERS = frozenset({"mask", "IGNORE", "rotary_sin", "rotary_cos"})
+
+
+def is_buffer(name: str) -> bool:
+    """Whether tensor `name` of a checkpoint's weights is one of TransformerLens's BUFFERS."""
+    return name.rsplit(".", 1)[-1] in BUFFERS
 
 
 def is_checkpoint(path: Path | str) -> bool:

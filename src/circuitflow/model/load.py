@@ -167,19 +167,23 @@ def load_local_hf(path: str | Path, device: str, dtype: torch.dtype):
 def prefetch(name: str, hf_cache: str | None = None) -> dict:
     """Make a real model available offline and describe it for `model.json`.
 
-    Runs on the login node (internet); stage jobs then load with the hub offline.
+    Runs on the login node (internet); stage jobs then load with the hub offline. Every
+    weight file is checked for NaN and infinite values first (check_finite): no job reads the
+    weights before this stage.
     """
     local = Path(name)
     if checkpoint.is_checkpoint(local):
+        check_finite([local / checkpoint.WEIGHTS], skip=checkpoint.is_buffer)
         return describe_checkpoint(local, name)
     _apply_hf_home(hf_cache)
-    from transformer_lens import loading_from_pretrained as loading
-
     if local.exists():
         if not (local / "config.json").is_file():
             raise ConfigError(checkpoint.neither_kind(local))
-        cfg = loading.get_pretrained_model_config(str(local.resolve()))
         weights = sorted(local.glob("*.safetensors")) or sorted(local.glob("*.bin"))
+        check_finite(weights)  # before TransformerLens's import (seconds)
+        from transformer_lens import loading_from_pretrained as loading
+
+        cfg = loading.get_pretrained_model_config(str(local.resolve()))
         return {
             "kind": "local_hf",
             "name": name,
@@ -188,6 +192,7 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
             "weights_sha256": sha256_files(weights),
         }
     from huggingface_hub import snapshot_download
+    from transformer_lens import loading_from_pretrained as loading
 
     official = official_model_name(name)
     snapshot = Path(
@@ -196,6 +201,8 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
             allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"],
         )
     )
+    weights = sorted(snapshot.glob("*.safetensors"))
+    check_finite(weights)
     cfg = loading.get_pretrained_model_config(official)
     return {
         "kind": "transformer_lens",
@@ -204,8 +211,44 @@ def prefetch(name: str, hf_cache: str | None = None) -> dict:
         "snapshot": str(snapshot),
         "hf_cache": hf_cache,
         "architecture": architecture_of(cfg),
-        "weights_sha256": sha256_files(sorted(snapshot.glob("*.safetensors"))),
+        "weights_sha256": sha256_files(weights),
     }
+
+
+def check_finite(weights: list[Path], key: str = "model.name", skip=None) -> None:
+    """Refuse, in one line naming the file and the tensor, model weights holding NaN or
+    infinite values: the model stage reads every weight file (it hashes them), and no job reads
+    them before it. Safetensors files tensor by tensor in bounded chunks (inputs.nonfinite, no
+    torch); a PyTorch .bin through a memory map, one tensor at a time. `skip`: tensors not read
+    as weights (a TransformerLens checkpoint's buffers, rebuilt when it loads)."""
+    for path in weights:
+        if path.suffix == ".safetensors":
+            inputs.finite_weights([path], key, ConfigError, skip)
+        elif found := _nonfinite_bin(path):
+            raise ConfigError(f"{key}: {inputs.nonfinite_line(path, found)}")
+
+
+def _nonfinite_bin(path: Path) -> tuple[str, int, int] | None:
+    """nonfinite (inputs) of a PyTorch state dict file, mapped rather than read whole."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - a damaged or non-zip file: many kinds
+        raise ConfigError(
+            f"model.name: {path}: not a readable PyTorch weights file ({err})"
+        ) from None
+    for name, tensor in state.items():
+        if not (torch.is_tensor(tensor) and tensor.is_floating_point()):
+            continue
+        flat, nan, inf = tensor.reshape(-1), 0, 0
+        for at in range(0, flat.numel(), 1 << 24):
+            chunk = flat[at : at + (1 << 24)]
+            nan += int(torch.isnan(chunk).sum())
+            inf += int(torch.isinf(chunk).sum())
+        if nan or inf:
+            return name, nan, inf
+    return None
 
 
 def describe_checkpoint(model_dir: Path, name: str) -> dict:

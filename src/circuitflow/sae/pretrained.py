@@ -10,11 +10,13 @@ re-exported here under the names the stage and its callers use.
 the run when its hook (`metadata.hook_name`) is the site and layer it fills
 (`blocks.{layer}.hook_{site}`: gpt2-small-res-jb's `hook_resid_pre` is site resid_pre), its
 `d_in` is the model's `d_model` and the model it was made for (`metadata.model_name`, and a
-release's model in SAELens's directory) is the run's. `check_config` checks all it can without
-loading weights when the config resolves (a local directory's cfg.json; a release's cfg.json
-where the Hugging Face cache holds it); the prefetch_saes localrule and the pretrained_sae job
-check the loaded dictionary again, against the model's own `d_model`, before any work. Every
-refusal is one line naming the key or file, the dictionary and what differs.
+release's model in SAELens's directory) is the run's (for a local directory, the model
+`model.same_as` says it holds: circuitflow.model.same_as). `check_config` checks all it can
+without loading weights when the config resolves (a local directory's cfg.json; a release's
+cfg.json where the Hugging Face cache holds it); the prefetch_saes localrule and the
+pretrained_sae job check the loaded dictionary again, against the model's own `d_model`, and its
+weights for NaN and infinite values (check_finite), before any work. Every refusal is one line
+naming the key or file, the dictionary and what differs.
 
 Nothing here imports torch or SAELens at module level: the config check runs in the Snakemake
 process. The stage that evaluates and writes the dictionaries is `sae.pretrained_stage`.
@@ -105,6 +107,11 @@ def check_template(template: str, key: str, sites: Sequence[str], layers: Sequen
 
 
 # --- the run's model ------------------------------------------------------------------------------
+# RunModel.from_config's `normalization` when the caller does not know the model's norms: None
+# is a value (a TransformerLens checkpoint without norms, normalization_type null).
+UNKNOWN: Any = object()
+
+
 @dataclass(frozen=True)
 class RunModel:
     """The model a dictionary must have been made for: its names and, where known, d_model."""
@@ -114,47 +121,73 @@ class RunModel:
     d_model: int | None
     hub: bool  # a Hugging Face hub name (TransformerLens aliases may spell it otherwise)
     mlp_in: MlpInput = mlp_input()  # site mlp_in of the model as it is loaded
+    # model.same_as: the model a local directory is a copy of (model.same_as checked it).
+    same_as: str | None = None
+
+    @property
+    def local(self) -> bool:
+        """A local directory (not a hub name, not the embedded model)."""
+        return not self.hub and self.name != "embedded"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], d_model: int | None,
-                    normalization: str | None = None) -> RunModel:  # fmt: skip
+                    normalization: str | None = UNKNOWN) -> RunModel:  # fmt: skip
         """The config's model; `d_model` where known (None: not checked); `normalization`: its
-        norms as loaded (the loaded model's normalization_type; None: as planning reads the
-        config's model, where the config holds its shape; a job's section does not, and its
-        loaded model is checked when a transcoder is adapted to it: adapt_transcoder)."""
+        norms as loaded (the loaded model's normalization_type, None for a model without
+        norms), or UNKNOWN: as planning reads the config's model (a job's section lacks the
+        embedded model's, which has LayerNorm; a loaded model is checked again when a
+        transcoder is adapted to it: adapt_transcoder)."""
         name = str(config["model"]["name"])
         names = {name}
         local = Path(name).expanduser()
         hub = name != "embedded" and not local.exists()
         if not hub and name != "embedded":
             names |= {str(local.resolve()), local.resolve().name}
-        mlp_in = mlp_input()
-        if normalization is None and (name != "embedded" or "embedded" in config):
-            from circuitflow.model.architectures import model_cfg
+        if normalization is UNKNOWN:
+            normalization = "LN"  # the embedded model's
+            if name != "embedded" or "embedded" in config:
+                from circuitflow.model.architectures import model_cfg
 
-            normalization = model_cfg(dict(config)).normalization_type
-        if normalization is not None:
-            mlp_in = mlp_input(normalization)
-        return cls(name, frozenset(names), d_model, hub, mlp_in)
+                normalization = model_cfg(dict(config)).normalization_type
+        same_as = config["model"].get("same_as") if not hub and name != "embedded" else None
+        return cls(name, frozenset(names), d_model, hub, mlp_input(normalization), same_as)
 
     def matches(self, model_name: str) -> bool:
         """Whether a dictionary made for `model_name` was made for this model: the same name, or
-        for a hub model the same TransformerLens model under another alias (gpt2-small, gpt2)."""
+        for a hub model (or a local copy of one, model.same_as) the same TransformerLens model
+        under another alias (gpt2-small, gpt2)."""
         if model_name in self.names:
             return True
-        if not self.hub:
-            return False
-        from circuitflow.model.architectures import architecture_key
+        hub_name = self.name if self.hub else self.same_as
+        return hub_name is not None and same_model(model_name, hub_name)
 
-        key = architecture_key(model_name)
-        if key is not None and key == architecture_key(self.name):
-            return True
-        try:
-            from transformer_lens.loading_from_pretrained import get_official_model_name
+    def not_made_for(self, made_for: str) -> str:
+        """The problem of a dictionary made for another model, saying what would make a local
+        directory that model (model.same_as)."""
+        line = f"made for model {made_for!r}, not the run's model {self.name!r}"
+        if self.local and self.same_as is not None:
+            return f"{line} (model.same_as: {self.same_as})"
+        if self.local:
+            return f"{line}: set model.same_as: {made_for} if {self.name} is that model"
+        return line
 
-            return get_official_model_name(model_name) == get_official_model_name(self.name)
-        except ValueError:  # not a TransformerLens name
-            return False
+
+def same_model(a: str, b: str) -> bool:
+    """Whether hub or TransformerLens names `a` and `b` name one model (aliases: gpt2-small and
+    gpt2; TransformerLens is imported only where circuitflow's own table cannot tell)."""
+    if a == b:
+        return True
+    from circuitflow.model.architectures import architecture_key
+
+    key = architecture_key(a)
+    if key is not None and key == architecture_key(b):
+        return True
+    try:
+        from transformer_lens.loading_from_pretrained import get_official_model_name
+
+        return get_official_model_name(a) == get_official_model_name(b)
+    except ValueError:  # not a TransformerLens name
+        return False
 
 
 # --- a published transcoder's input against site mlp_in ------------------------------------------
@@ -170,11 +203,14 @@ class RunModel:
 HF_PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm")
 
 
-def transcoder_reads(view: Mapping[str, Any], layer: int) -> str | None:
-    """What a published transcoder's input hook read at `layer`: `normalised`, `mlp` (see
-    above), or None where it is not layer `layer`'s MLP input."""
+def transcoder_reads(view: Mapping[str, Any], layer: int,
+                     mlp_in: MlpInput | None = None) -> str | None:  # fmt: skip
+    """What a published transcoder's input hook read at `layer` of a model whose site mlp_in is
+    `mlp_in`: `normalised` (that site: ln2's normalised residual, or in a model without norms
+    hook_resid_mid, what the MLP reads), `mlp` (see above), or None where it is not layer
+    `layer`'s MLP input. `mlp_in` None: a model with LayerNorm."""
     hook, hf = view.get("hook_name"), view.get("hf_hook_name") or ""
-    if hook == hook_name("mlp_in", layer):
+    if hook == f"blocks.{layer}.{(mlp_in or mlp_input()).hook}":
         return "normalised"
     if hook == f"blocks.{layer}.mlp.hook_in":
         return "mlp"
@@ -199,14 +235,16 @@ def folds_norm(view: Mapping[str, Any], layer: int, mlp_in: MlpInput) -> bool:
     weight, which the model applies after site mlp_in's hook). ValueError saying what differs
     where the model as loaded cannot give the input it read: its norms folded into the MLPs
     (the weight is gone), or a hook that is not layer `layer`'s MLP input."""
-    reads = transcoder_reads(view, layer)
+    reads = transcoder_reads(view, layer, mlp_in)
     if reads is None:
         raise ValueError(
             f"input hook {view.get('hook_name')} is not layer {layer}'s MLP input (the pipeline "
-            f"reads {hook_name('mlp_in', layer)}; blocks.{layer}.mlp.hook_in and a Hugging Face "
+            f"reads blocks.{layer}.{mlp_in.hook}; blocks.{layer}.mlp.hook_in and a Hugging Face "
             "pre-MLP norm's output are taken too)"
         )
     after_weight = reads == "mlp" and read_after_norm_weight(view)
+    if after_weight and mlp_in == mlp_input(None):
+        return False  # no norm: the MLP's input is site mlp_in itself, nothing to fold
     if after_weight and not mlp_in.norm_after:
         raise ValueError(
             "read the MLP's input after its norm's weight (its model loaded with fold_ln "
@@ -274,7 +312,7 @@ def differences(
             problems.append(f"{dim} {value} is not the model's d_model {run.d_model}")
     for made_for in dict.fromkeys(filter(None, (view.get("model_name"), release_model))):
         if not run.matches(str(made_for)):
-            problems.append(f"made for model {made_for!r}, not the run's model {run.name!r}")
+            problems.append(run.not_made_for(str(made_for)))
     norm = view.get("normalize_activations", "none")
     if normalisation and norm != "none":
         problems.append(
@@ -344,7 +382,7 @@ class Loaded:
     view: dict[str, Any]
     release: Release | None
     revision: str | None = None
-    files: list[str] = dataclasses.field(default_factory=list)  # a local copy's, as read
+    files: list[str] = dataclasses.field(default_factory=list)  # a release's or copy's, as read
 
 
 def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None = True) -> Loaded:
@@ -382,7 +420,8 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
         loaded.files = files
         return loaded
     rel = resolve_release(d.release, d.sae_id)
-    with hub(hf_cache, offline) as cache, conversion_files():
+    files = []
+    with hub(hf_cache, offline) as cache, conversion_files(read=files):
         # conversion_files: gemma_3's config reads a file's tensor shapes over HTTP even where
         # the cache holds it; here they come from the cached file (published.conversion_files).
         try:
@@ -402,6 +441,7 @@ def load(d: Dictionary, hf_cache: str | None, device: str, offline: bool | None 
             ) from None
         revision = cached_revision(rel.repo_id, hf_cache)
     loaded = _loaded(d, sae, rel, revision)
+    loaded.files = files
     kwargs = loaded.view["model_from_pretrained_kwargs"] | rel.model_kwargs
     loaded.view["model_from_pretrained_kwargs"] = kwargs
     return loaded
@@ -425,6 +465,30 @@ def check_loaded(d: Dictionary, loaded: Loaded, run: RunModel, kind: str = "sae"
     problems = differences(loaded.view, d.site, d.layer, run, release_model, kind=kind)
     if problems:
         raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+
+
+def weight_files(d: Dictionary, loaded: Loaded | None = None) -> list[Path]:
+    """The safetensors files dictionary `d`'s weights are read from: a local directory's
+    sae_weights.safetensors, a local copy's file or folder (sae_id within path), else those a
+    release's loading read (`loaded.files`: the hub cache's)."""
+    if d.path is not None and not d.converted:
+        return [Path(d.path) / WEIGHTS_FILE]
+    if d.converted:
+        within = Path(d.path) / d.sae_id
+        return [within] if within.is_file() else sorted(within.rglob("*.safetensors"))
+    return [Path(f) for f in (loaded.files if loaded else []) if f.endswith(".safetensors")]
+
+
+def check_finite(d: Dictionary, loaded: Loaded | None = None) -> None:
+    """Refuse, in one line naming the dictionary, the file and the tensor, a dictionary whose
+    weights hold NaN or infinite values (inputs.nonfinite: tensor by tensor, memory bounded):
+    prefetch_saes checks each release it fetches, a pretrained_sae job each local dictionary
+    before the model loads and each release as it loads."""
+    from circuitflow import inputs
+
+    for path in weight_files(d, loaded):
+        if path.suffix == ".safetensors" and (found := inputs.nonfinite(path)):
+            raise InputError(f"{d.key}: {d.label}: {inputs.nonfinite_line(path, found)}")
 
 
 def adapt_transcoder(sae, view: Mapping[str, Any], layer: int, model) -> bool:

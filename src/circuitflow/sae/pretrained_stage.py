@@ -3,7 +3,8 @@
 
 - prefetch_saes (a localrule, on the login node, which has internet): each site and layer's
   dictionary of a SAELens release fetched into the Hugging Face cache by SAE.from_pretrained,
-  one at a time, checked against the model's model.json, and listed in prefetch.json.
+  one at a time, checked against the model's model.json and for finite weights, and listed in
+  prefetch.json.
 - pretrained_sae (one job per group of sites and layers, grouped as the streaming jobs are:
   circuitflow.stream_groups): the model loaded once, then each member's dictionary in turn
   loaded offline (a release from the cache, a local directory as it is, a local copy of a
@@ -32,11 +33,13 @@ from circuitflow.sae.config import SAETrainConfig
 from circuitflow.sae.plan import EVAL_BATCH
 from circuitflow.sae.pretrained import (
     CFG_FILE,
+    UNKNOWN,
     WEIGHTS_FILE,
     Dictionary,
     Loaded,
     RunModel,
     adapt_transcoder,
+    check_finite,
     check_loaded,
     dictionaries,
     dictionary_for,
@@ -56,6 +59,15 @@ def _model_info(model_json: Path | str) -> dict:
     from circuitflow.model.load import read_model_json
 
     return read_model_json(Path(model_json).parent)
+
+
+def run_model_of(config: dict, info: dict) -> RunModel:
+    """The run's model as model.json (`info`) describes it: its d_model, and its norms where
+    it records them (a TransformerLens checkpoint's, None when it has none), else as the config
+    plans them."""
+    arch = info["architecture"]
+    norms = arch["normalization_type"] if "normalization_type" in arch else UNKNOWN
+    return RunModel.from_config(config, int(arch["d_model"]), norms)
 
 
 def describe(d: Dictionary, loaded: Loaded) -> dict[str, Any]:
@@ -92,7 +104,7 @@ def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dic
     environment's), check each against the model, write prefetch.json."""
     SAETrainConfig.from_dict(config["sae"])  # a config given by hand is checked as the schema says
     info = _model_info(model_json)
-    run = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    run = run_model_of(config, info)
     hf_cache = config["model"]["hf_cache"]
     rows = []
     releases = [d for d in dictionaries(config) if d.path is None]
@@ -101,6 +113,7 @@ def prefetch_stage(config: dict, model_json: Path | str, out: Path | str) -> dic
     for d in releases:
         loaded = load(d, hf_cache, "cpu", offline=None)  # the environment's network setting
         check_loaded(d, loaded, run, dictionary_kind(config, d.site))
+        check_finite(d, loaded)
         rows.append(describe(d, loaded))
         del loaded  # one dictionary in memory at a time
     summary = {
@@ -201,7 +214,7 @@ def run_group(
     cfg = SAETrainConfig.from_dict(config["sae"], device=config["device"])
     ds = [dictionary_for(config, s, n) for s, n in members]
     info = _model_info(model_json)
-    run_model = RunModel.from_config(config, int(info["architecture"]["d_model"]))
+    run_model = run_model_of(config, info)
     tokens, meta = read_token_set(tokens_npy, tokens_json)
     if meta.get("model_hash") != info["weights_sha256"]:
         raise InputError(
@@ -214,6 +227,7 @@ def run_group(
             problems = differences(view_of(d), d.site, d.layer, run_model, kind=kind)
             if problems:
                 raise InputError(f"{d.key}: {d.label}: {'; '.join(problems)}")
+            check_finite(d)
     device = resolve_device(cfg.device)
     contexts = last_contexts(tokens, cfg.eval_contexts)
     model = None  # loaded once, after the first dictionary's checks
@@ -223,6 +237,8 @@ def run_group(
             torch.cuda.reset_peak_memory_stats()
         loaded = load(d, config["model"]["hf_cache"], device)
         check_loaded(d, loaded, run_model, dictionary_kind(config, d.site))
+        if d.path is None:  # a release (local ones were checked above)
+            check_finite(d, loaded)
         if model is None:
             # The HookedSAETransformer every evaluation splices into, made once (the loaded
             # model is let go: the evaluation would otherwise copy it for each dictionary).
