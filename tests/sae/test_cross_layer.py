@@ -255,7 +255,10 @@ def test_bfloat16_round_trip_and_float32_sums(tmp_path):
     back = load_clt(tmp_path / "bf16", MODEL, dtype=torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(clt.parameters(), back.parameters(), strict=True))
     assert back.W_dec[0].dtype == torch.bfloat16
-    assert back(torch.from_numpy(inputs())).dtype == torch.float32
+    x = torch.from_numpy(inputs())
+    assert back(x).dtype == torch.float32
+    lazy = load_clt(tmp_path / "bf16", MODEL, dtype=torch.bfloat16, lazy=True)
+    assert torch.equal(lazy(x), back(x))  # lazy rows in the module's dtype, as held ones
 
 
 @pytest.mark.parametrize("layout", ["circuit_tracer", "gemma_scope_2"])
@@ -390,7 +393,8 @@ GS2_REFUSALS = {
                             "[32, 3, 16]"),
     "no threshold": (lambda f: [edit_file(f / f"params_layer_{i}.safetensors", "threshold")
                                 for i in range(L)],
-                     "config.yaml: activation relu but the layer files lack a threshold"),
+                     "config.yaml: Gemma Scope 2's CLTs are JumpReLU, but the layer files lack "
+                     "threshold"),
 }  # fmt: skip
 
 
@@ -491,3 +495,29 @@ def test_module_checks_its_arguments():
         clt.decode(torch.zeros(L, 2, F))
     with pytest.raises(ValueError, match="inputs: 2 layers, the CLT has 3"):
         clt(torch.zeros(2, 4, D))
+
+
+def test_gemma_scope_2_files_listed_as_hub_uris_come_from_the_cache(tmp_path):
+    """mwhanna's config.yaml lists hf://google/gemma-scope-2-.../params_layer_{i}.safetensors:
+    read from the Hugging Face cache (prefetched), never the network."""
+    from circuitflow.sae.cross_layer_files import hub_file
+
+    w = random_weights("jumprelu")
+    snapshot = tmp_path / "hf/hub/models--google--gemma-scope-2-tiny/snapshots/abc123"
+    write_gemma_scope_2(snapshot / "clt/w", w, with_config=False)
+    (tmp_path / "hf/hub/models--google--gemma-scope-2-tiny/refs").mkdir(parents=True)
+    (tmp_path / "hf/hub/models--google--gemma-scope-2-tiny/refs/main").write_text("abc123")
+    folder = tmp_path / "mwhanna"
+    folder.mkdir()
+    uris = [f"hf://google/gemma-scope-2-tiny/clt/w/params_layer_{i}.safetensors" for i in range(L)]
+    cfg = {"model_kind": "cross_layer_transcoder", "feature_input_hook": "hook_resid_mid",
+           "feature_output_hook": "hook_mlp_out", "transcoders": uris}  # fmt: skip
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cache = str(tmp_path / "hf")
+    clt = load_clt(folder, MODEL, resolve=lambda uri: hub_file(uri, cache))
+    x = inputs()
+    np.testing.assert_allclose(clt(torch.from_numpy(x)).numpy(), reference(w, x, "jumprelu"),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    set_config(folder, transcoders=[*uris[:2], uris[2].replace("tiny", "absent")])
+    with pytest.raises(InputError, match=r"^hf://google/gemma-scope-2-absent/.*: not in the Hug"):
+        open_clt(folder, MODEL, resolve=lambda uri: hub_file(uri, cache))

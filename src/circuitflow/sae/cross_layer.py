@@ -151,7 +151,8 @@ class CrossLayerTranscoder(torch.nn.Module):
         if self.decoders is not None:
             if rows is None:
                 rows = torch.arange(self.d_transcoder)
-            return self.decoders.rows(source, rows.cpu()).to(self.device)
+            # In the module's dtype, as held decoders are: lazy and eager decode alike.
+            return self.decoders.rows(source, rows.cpu()).to(self.device, self.dtype)
         w = self.W_dec[source]
         return w if rows is None else w[rows.to(w.device)]
 

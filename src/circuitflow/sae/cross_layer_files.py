@@ -345,6 +345,9 @@ def _activation(where: Path, config: dict, threshold: bool, gemma: bool, L: int,
     activation = given or ("jumprelu" if threshold else "relu")
     if activation not in ("relu", "jumprelu", "topk", "batchtopk"):
         raise InputError(f"{where}: activation {given!r} is not relu, jumprelu, topk or batchtopk")
+    if gemma and not threshold:
+        raise InputError(f"{where}: Gemma Scope 2's CLTs are JumpReLU, but the layer files "
+                         "lack threshold")  # fmt: skip
     if gemma and activation != "jumprelu" or (activation == "jumprelu") != threshold:
         raise InputError(f"{where}: activation {activation} but the layer files "
                          f"{'have' if threshold else 'lack'} a threshold")  # fmt: skip
