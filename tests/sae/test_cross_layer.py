@@ -257,8 +257,9 @@ def test_bfloat16_round_trip_and_float32_sums(tmp_path):
     assert back.W_dec[0].dtype == torch.bfloat16
     x = torch.from_numpy(inputs())
     assert back(x).dtype == torch.float32
-    lazy = load_clt(tmp_path / "bf16", MODEL, dtype=torch.bfloat16, lazy=True)
-    assert torch.equal(lazy(x), back(x))  # lazy rows in the module's dtype, as held ones
+    # Stored in float32, held in bfloat16: lazy rows are cast as held ones are.
+    lazy = load_clt(tmp_path / "ct", MODEL, dtype=torch.bfloat16, lazy=True)
+    assert torch.equal(lazy(x), clt(x))
 
 
 @pytest.mark.parametrize("layout", ["circuit_tracer", "gemma_scope_2"])
@@ -348,6 +349,9 @@ REFUSALS = {
     "topk without k": (lambda f: [set_config(f, activation="topk")] + [edit_file(
         f / f"W_enc_{i}.safetensors", f"threshold_{i}") for i in range(L)], MODEL,
         "config.yaml: k None: activation topk needs k"),
+    "integer encoder": (lambda f: edit_file(f / "W_enc_2.safetensors", "b_dec_2",
+                                            torch.zeros(D, dtype=torch.int32)), MODEL,
+                        "W_enc_2.safetensors: b_dec_2 is int32, not floating point"),
     "truncated file": (lambda f: (f / "W_dec_0.safetensors").write_bytes(
         (f / "W_dec_0.safetensors").read_bytes()[:-8]), MODEL,
         "W_dec_0.safetensors: not a readable safetensors file"),

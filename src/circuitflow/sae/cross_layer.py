@@ -55,7 +55,7 @@ class DecoderRows(Protocol):
 
 
 class CrossLayerTranscoder(torch.nn.Module):
-    """A CLT with zero weights (fill them, or read them with sae.cross_layer_files.load_clt).
+    """A CLT with zero weights (fill them, or read a folder with load_clt below).
     `k`: TopK's and BatchTopK's k, one int for every layer or one a layer; `skip`: a W_skip;
     `decoders`: read decoder rows from there instead of holding W_dec."""
 

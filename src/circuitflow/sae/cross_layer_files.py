@@ -48,9 +48,13 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.yaml"
 MODEL_KIND = "cross_layer_transcoder"
 CIRCUIT_TRACER, GEMMA_SCOPE_2 = "circuit_tracer", "gemma_scope_2"
-# safetensors' dtype names -> torch's, and bytes of one element.
-DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2),
-          "BF16": ("bfloat16", 2)}  # fmt: skip
+# safetensors' dtype names -> torch's, and bytes of one element; a CLT's tensors are floats.
+DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
+    "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}  # fmt: skip
+FLOATS = ("float64", "float32", "float16", "bfloat16")
 # Input hooks a CLT may read, by what they held in circuit-tracer's model (loaded unprocessed,
 # fold_ln False): the residual before the MLP's norm, the normalised residual before the norm's
 # weight (site mlp_in), or the MLP module's input after that weight (circuit-tracer adds
@@ -125,7 +129,7 @@ def header(path: Path) -> dict[str, Stored]:
             if key == "__metadata__":
                 continue
             if e["dtype"] not in DTYPES:
-                raise ValueError(f"{key}: dtype {e['dtype']} (floating point expected)")
+                raise ValueError(f"{key}: dtype {e['dtype']} unknown")
             t = Stored(path, key, tuple(int(d) for d in e["shape"]), DTYPES[e["dtype"]][0])
             start, end = e["data_offsets"]
             if end - start != t.nbytes or 8 + n + end > size:
@@ -274,6 +278,8 @@ def _stored(head: dict[str, Stored], file: Path, key: str, shape: Sequence[int],
         return None
     if t.shape != tuple(shape):
         raise InputError(f"{file}: {key} has shape {list(t.shape)}, not {list(shape)} ({what})")
+    if t.dtype not in FLOATS:
+        raise InputError(f"{file}: {key} is {t.dtype}, not floating point ({what})")
     return t
 
 
