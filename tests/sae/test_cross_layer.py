@@ -101,7 +101,7 @@ def write_gemma_scope_2(folder, w, with_config=True, seed=1):
 
 
 # --- the reference: explicit loops, float64 --------------------------------------------------
-def reference(w, x, activation, k=None):
+def reference(w, x, activation, k=None, use=None):
     """Every target layer's reconstruction [L, n, D]: features per layer, then for each target
     t the sum over sources i <= t of f_i @ W_dec[i][:, t - i], + b_dec[t], + x_t W_skip[t]."""
     x = x.astype(np.float64)
@@ -123,6 +123,8 @@ def reference(w, x, activation, k=None):
             f = np.zeros_like(r)
             f[keep] = r[keep]
             f = f.reshape(pre.shape)
+        if use is not None:  # positions left out after the activation (circuit-tracer's BOS)
+            f[~use] = 0
         feats.append(f)
     out = np.zeros((L, x.shape[1], D))
     for target in range(L):
@@ -165,6 +167,39 @@ def test_reconstruction_matches_the_loops(tmp_path, layout, activation, skip, la
     assert (feats != 0).any() and (feats == 0).any()  # a sparse code, not a trivial one
     if activation == "topk":
         assert ((feats != 0).sum(-1) <= torch.tensor(K)[:, None]).all()
+
+
+@pytest.mark.parametrize(("layout", "activation", "skip"), CASES)
+def test_components_split_the_reconstruction_by_feature_and_target(
+    tmp_path, layout, activation, skip
+):
+    w, folder = write(tmp_path, layout, activation, skip)
+    clt = load_clt(folder, MODEL, lazy=True)
+    x = inputs()
+    use = np.ones(x.shape[1], bool)
+    use[0] = False  # circuit-tracer's zero_positions, BOS
+    c = clt.components(torch.from_numpy(x), torch.from_numpy(use))
+    want = reference(w, x, activation, K, use)
+    np.testing.assert_allclose(c.reconstruction.numpy(), want, rtol=1e-5, atol=1e-5)
+    feats = c.features
+    assert len(feats) and (feats[:, 1] > 0).all()  # nothing at BOS
+    assert feats.tolist() == sorted(feats.tolist())  # (layer, position, feature)
+    dense = clt.encode_all(torch.from_numpy(x))
+    assert torch.equal(c.activations, dense[feats[:, 0], feats[:, 1], feats[:, 2]])
+    pre = torch.stack([clt.pre_activations(i, torch.from_numpy(x[i])) for i in range(L)])
+    assert torch.equal(c.preacts, pre[feats[:, 0], feats[:, 1], feats[:, 2]])
+    assert torch.equal(c.encoders, clt.W_enc[feats[:, 0], feats[:, 2]])
+    # One write per (feature, target >= its layer), each activation x that decoder block.
+    assert len(c.writes) == int((L - feats[:, 0]).sum())
+    src = feats[c.write_feature]
+    assert (c.write_layer >= src[:, 0]).all()
+    for j in (0, len(c.writes) // 2, len(c.writes) - 1):
+        s, p, f = src[j].tolist()
+        block = t(w["W_dec"][s][f, c.write_layer[j] - s])
+        torch.testing.assert_close(c.writes[j], c.activations[c.write_feature[j]] * block)
+    # The error nodes are what the real MLP outputs leave.
+    mlp_out = torch.randn(L, x.shape[1], D)
+    torch.testing.assert_close(c.errors(mlp_out) + c.reconstruction, mlp_out)
 
 
 def diagonal_transcoder(w, layer, activation):

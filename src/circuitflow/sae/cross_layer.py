@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -52,6 +53,30 @@ class DecoderRows(Protocol):
     decoder, [len(rows), L - source, D] (rows sorted, unique)."""
 
     def rows(self, source: int, rows: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class Components:
+    """One prompt's CLT, as its graph needs it (CrossLayerTranscoder.components): the active
+    features sorted by (source layer, position, feature), their activations, pre-activations
+    (a feature node's input) and encoder rows, and every write, activation x decoder row, one
+    per (feature, target layer >= its layer): feature-major, then target (circuit-tracer's
+    decoder_vecs with encoder_to_decoder_map and decoder_locations). All float32."""
+
+    PARTS = ("features", "activations", "preacts", "encoders", "writes", "write_feature",
+             "write_layer")  # fmt: skip
+    features: torch.Tensor  # [n_f, 3] long: source layer, position, feature
+    activations: torch.Tensor  # [n_f]
+    preacts: torch.Tensor  # [n_f]
+    encoders: torch.Tensor  # [n_f, D]
+    writes: torch.Tensor  # [n_w, D]
+    write_feature: torch.Tensor  # [n_w] long: the row of `features` that writes it
+    write_layer: torch.Tensor  # [n_w] long: the target layer it writes to
+    reconstruction: torch.Tensor  # [L, P, D]: writes summed + b_dec + skip, every layer
+
+    def errors(self, mlp_out: torch.Tensor) -> torch.Tensor:
+        """Each layer's error node [L, P, D]: its real MLP output less the reconstruction."""
+        return mlp_out.to(torch.float32) - self.reconstruction
 
 
 class CrossLayerTranscoder(torch.nn.Module):
@@ -199,6 +224,54 @@ class CrossLayerTranscoder(torch.nn.Module):
         """Every layer's reconstructed MLP output [L, ..., D] (float32) from every layer's
         input [L, ..., D]: decode(encode_all(inputs), inputs)."""
         return self.decode(self.encode_all(inputs), inputs)
+
+    @torch.no_grad()
+    def components(self, inputs: torch.Tensor, use: torch.Tensor | None = None) -> Components:
+        """One prompt's active features and what each writes, for its graph (circuit-tracer's
+        compute_attribution_components): `inputs` [L, P, D] each layer's input at P positions;
+        `use` [P] bool, the positions whose features count (None: all; circuit-tracer zeroes
+        position 0's, after the activation, so BatchTopK still sees it). The reconstruction is
+        circuit-tracer's: b_dec and the skip at every position, features only where used."""
+        self._check_layers(inputs, "inputs")
+        L, D = self.n_layers, self.d_model  # noqa: N806
+        x = inputs.to(self.device)
+        recon = self.b_dec.to(torch.float32)[:, None, :].repeat(1, x.shape[1], 1)
+        if self.W_skip is not None:
+            recon += torch.bmm(x.to(torch.float32), self.W_skip.to(torch.float32))
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in Components.PARTS}
+        n = 0
+        for source in range(L):
+            pre = self.pre_activations(source, x[source])
+            a = self.activate(source, pre).to(torch.float32)
+            if use is not None:
+                a = a * use.to(a.device)[:, None]
+            pos, idx = torch.nonzero(a, as_tuple=True)  # by position, then feature
+            if len(pos) == 0:
+                continue
+            act = a[pos, idx]
+            unique, inverse = idx.unique(return_inverse=True)
+            rows = self.decoder_rows(source, unique).to(torch.float32)[inverse]
+            written = rows * act[:, None, None]  # [n_s, L - source, D]: feature, then target
+            for t in range(source, L):
+                recon[t].index_add_(0, pos, written[:, t - source])
+            span = L - source
+            parts["features"].append(torch.stack([torch.full_like(pos, source), pos, idx], 1))
+            parts["activations"].append(act)
+            parts["preacts"].append(pre[pos, idx].to(torch.float32))
+            parts["encoders"].append(self.W_enc[source][idx].to(torch.float32))
+            parts["writes"].append(written.reshape(-1, D))
+            ids = torch.arange(n, n + len(pos), device=pos.device)
+            parts["write_feature"].append(ids.repeat_interleave(span))
+            parts["write_layer"].append(torch.arange(source, L, device=pos.device).repeat(len(pos)))
+            n += len(pos)
+        empty = {"features": (0, 3), "writes": (0, D), "encoders": (0, D)}
+        out = {
+            k: torch.cat(v) if v else torch.zeros(empty.get(k, (0,)), device=self.device)
+            for k, v in parts.items()
+        }
+        for k in ("features", "write_feature", "write_layer"):
+            out[k] = out[k].long()
+        return Components(**out, reconstruction=recon)
 
     # --- adapting to a model ----------------------------------------------------------------
     @torch.no_grad()
