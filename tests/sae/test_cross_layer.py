@@ -529,7 +529,14 @@ def test_module_checks_its_arguments():
         CrossLayerTranscoder(L, D, F, activation="gelu")
     with pytest.raises(ValueError, match="k 40: one a layer"):
         CrossLayerTranscoder(L, D, F, activation="topk", k=40)
+    with pytest.raises(ValueError, match="no skip connection"):
+        CrossLayerTranscoder(L, D, F).skip(0, torch.zeros(D))
     clt = CrossLayerTranscoder(L, D, F, skip=True)
+    clt.W_skip.data.normal_()
+    x = torch.randn(L, 4, D)
+    skips = torch.stack([clt.skip(i, x[i]) for i in range(L)])
+    zero = [torch.zeros(4, F)] * L  # one tensor a layer does too
+    torch.testing.assert_close(clt.decode(zero, x), skips)  # b_dec is zero
     with pytest.raises(ValueError, match="decode needs inputs"):
         clt.decode(torch.zeros(L, 2, F))
     with pytest.raises(ValueError, match="inputs: 2 layers, the CLT has 3"):
