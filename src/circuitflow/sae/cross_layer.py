@@ -1,9 +1,9 @@
 """Cross-layer transcoders (CLTs): one encoder per layer reading that layer's MLP input, and for
 each source layer i a decoder writing to the MLP output of layer i and of every later layer
 (Ameisen et al. 2025; circuit-tracer 0.5.0's `CrossLayerTranscoder`, whose tensors and maths
-these are). `load_clt` and `save_clt` read and write
-them; the layouts (circuit-tracer's and Gemma Scope 2's) and their checks are
-`sae.cross_layer_files`, the memory plan `sae.cross_layer_plan`.
+these are). `load_clt` and `save_clt` read and write them; the layouts (circuit-tracer's and
+Gemma Scope 2's) and their checks are `sae.cross_layer_files`, the memory plan
+`sae.cross_layer_plan`.
 
 Shapes, as circuit-tracer holds them (L layers, F features a layer, D = d_model):
 `W_enc` [L, F, D], `b_enc` [L, F], `b_dec` [L, D], `W_dec[i]` [F, L - i, D] (entry t - i is
@@ -14,7 +14,8 @@ Scope 2's `affine_skip_connection`; SAELens's skip transcoders hold its transpos
 The reconstruction of target layer t's MLP output (circuit-tracer's `compute_reconstruction`):
     sum over sources i <= t of  f_i @ W_dec[i][:, t - i, :]   +   b_dec[t]   +   x_t @ W_skip[t]
 with f_i source i's features and x_t layer t's input: b_dec once per target layer (not once per
-source), the skip from the target layer's own input. Activations: ReLU, JumpReLU
+source), the skip from the target layer's own input (circuit-tracer's forward() leaves the
+skip's input out and fails on a CLT with one; here forward passes it). Activations: ReLU, JumpReLU
 (pre * (pre > threshold), circuit-tracer's `apply_activation_function`), and ours, which
 circuit-tracer lacks (its issue #56): TopK (a token's k largest pre-activations, ReLU'd, as
 `sae.transcoder.TopKTranscoder`) and BatchTopK (the k * n largest over a batch of n tokens,
