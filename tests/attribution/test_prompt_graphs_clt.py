@@ -12,7 +12,7 @@ import torch
 from helpers.transcoders import random_skip_transcoders, random_transcoders
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitflow.attribution.prompt_graphs import prune, replacement, validate
+from circuitflow.attribution.prompt_graphs import files, prune, replacement, validate
 from circuitflow.sae.cross_layer import CrossLayerTranscoder, load_clt, save_clt
 
 torch.set_num_threads(1)
@@ -251,3 +251,25 @@ def test_the_spliced_clt_with_its_errors_is_the_real_model(model, activation):
     metrics = validate.spliced_metrics(graph, masks)
     assert abs(float(metrics[0]) - graph.metric) < 1e-4
     assert abs(float(metrics[1]) - graph.metric) > 1e-4
+
+
+def test_a_clt_graph_file_names_nodes_as_circuit_tracer_does(model):
+    """Feature nodes at their source layer, `{layer}_{feature}_{pos}`, id cantor(layer,
+    feature), type "cross layer transcoder"; the first position's treatment stated."""
+    graph = build(model, random_clt("relu", seed=1))
+    kinds = graph.kinds()
+    pruned = prune.prune(graph.adjacency, kinds, 0.8, 0.98)
+    content = files.graph_file(graph, pruned, slug="p", scan="tiny-clt", transcoder_list=[],
+                               prompt_tokens=[str(t) for t in TOKENS], prompt="p",
+                               node_threshold=0.8, answer_text="a", distractor_text="b",
+                               answer_prob=0.5, extra={"prompt_id": 0})  # fmt: skip
+    assert content["circuitflow"] == {"first_position": replacement.FIRST_POSITION[True],
+                                      "prompt_id": 0}  # fmt: skip
+    nodes = [n for n in content["nodes"] if n["feature_type"] == "cross layer transcoder"]
+    assert nodes and {n["node_id"] for n in nodes} <= {
+        f"{layer}_{feat}_{pos}" for layer, pos, feat in graph.features.tolist()
+    }
+    for n in nodes:
+        layer, feat, pos = map(int, n["node_id"].split("_"))
+        assert (n["layer"], n["ctx_idx"], n["feature"]) == (str(layer), pos,
+                                                            files.cantor(layer, feat))  # fmt: skip
