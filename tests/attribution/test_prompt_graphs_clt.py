@@ -60,12 +60,18 @@ def build(model, transcoders, **kw):
 
 
 # --- the reference: explicit loops, autograd -----------------------------------------------
+def read_hook(clt: CrossLayerTranscoder, layer: int) -> str:
+    """Where layer `layer`'s encoder reads: the MLP's normalised input, or the residual."""
+    hook = "hook_resid_mid" if clt.feature_input_hook == "hook_resid_mid" else "ln2.hook_normalized"
+    return f"blocks.{layer}.{hook}"
+
+
 def reference_features(clt: CrossLayerTranscoder, cache) -> list[tuple[int, int, int, float]]:
     """(layer, position, feature, activation) of every active feature, by explicit code: the
     activation of each layer's pre-activations, none at position 0."""
     out = []
     for s in range(N_LAYERS):
-        x = cache[f"blocks.{s}.ln2.hook_normalized"][0].double()
+        x = cache[read_hook(clt, s)][0].double()
         pre = x @ clt.W_enc[s].double().T + clt.b_enc[s].double()  # [P, F]
         if clt.activation == "relu":
             act = pre.clamp(min=0)
@@ -145,7 +151,7 @@ def reference_row(model, clt, cache, feats, errors, target):
     hooks.append(("hook_embed", lambda act, hook: emb.to(act.dtype)))
     for t in range(N_LAYERS):
         hooks += [(f"blocks.{t}.hook_mlp_out", mlp_out(t)),
-                  (f"blocks.{t}.ln2.hook_normalized", keep(t))]  # fmt: skip
+                  (read_hook(clt, t), keep(t))]  # fmt: skip
     logits = model.run_with_hooks(torch.tensor(TOKENS)[None], fwd_hooks=hooks)
     if layer < 0:
         value = logits[0, -1, ANSWER] - logits[0, -1, DISTRACTOR]
@@ -155,11 +161,16 @@ def reference_row(model, clt, cache, feats, errors, target):
     return (ga * a).detach(), (ge * err).sum(-1).detach(), (gt * emb).sum(-1)[0].detach()
 
 
-@pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk", "batchtopk", "lazy"])
+@pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk", "batchtopk", "lazy",
+                                        "residual"])  # fmt: skip
 def test_edges_match_explicit_loops_over_features_and_target_layers(model, activation, tmp_path):
-    """`lazy`: a JumpReLU CLT saved and read back with its decoder rows read from disk."""
+    """`lazy`: a JumpReLU CLT saved and read back with its decoder rows read from disk;
+    `residual`: a ReLU CLT reading hook_resid_mid (circuit-tracer's default input hook)."""
     kw = {"k": [3, 2, 4]} if activation in ("topk", "batchtopk") else {}
-    clt = random_clt("jumprelu" if activation == "lazy" else activation, seed=1, **kw)
+    if activation == "residual":
+        kw["feature_input_hook"] = "hook_resid_mid"
+    base = {"lazy": "jumprelu", "residual": "relu"}.get(activation, activation)
+    clt = random_clt(base, seed=1, **kw)
     if activation == "lazy":
         save_clt(clt, tmp_path / "clt")
         graph = build(model, load_clt(tmp_path / "clt", lazy=True))

@@ -1,7 +1,9 @@
 """A prompt graph checked against the real model: the model with its transcoders spliced in
 (each MLP's output = its transcoder of the MLP's input in this run, a skip transcoder's skip
 path included, + the error node, held at its clean value), attention and norms live. Unablated
-it is the real model.
+it is the real model. A cross-layer transcoder: each MLP's output = b_dec + error + skip path +
+every layer's (masked) features up to it times their decoders into it, so zeroing a CLT feature
+removes all of its writes.
 
 - Feature ablations: each of the graph's most influential features zeroed at its position;
   the measured change of the metric against the change the graph predicts, which propagates
