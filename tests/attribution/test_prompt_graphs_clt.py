@@ -12,7 +12,7 @@ import torch
 from helpers.transcoders import random_skip_transcoders, random_transcoders
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitflow.attribution.prompt_graphs import files, prune, replacement, validate
+from circuitflow.attribution.prompt_graphs import files, heads, prune, replacement, validate
 from circuitflow.sae.cross_layer import CrossLayerTranscoder, load_clt, save_clt
 
 torch.set_num_threads(1)
@@ -284,3 +284,19 @@ def test_a_clt_graph_file_names_nodes_as_circuit_tracer_does(model):
         layer, feat, pos = map(int, n["node_id"].split("_"))
         assert (n["layer"], n["ctx_idx"], n["feature"]) == (str(layer), pos,
                                                             files.cantor(layer, feat))  # fmt: skip
+
+
+def test_a_clt_graphs_heads_and_validation(model):
+    """What the stage computes after the graph works on a CLT graph: every cross-position
+    edge is the sum of its heads' terms (all 12 heads; a CLT feature's writes into later layers
+    included), and the validation (spliced model, ablations through the graph)."""
+    graph = build(model, random_clt("jumprelu", seed=1))
+    pruned = prune.prune(graph.adjacency, graph.kinds(), 0.95, 0.99)
+    split = heads.split_edges(graph, pruned.edge_mask, top_heads=12, batch_size=16)
+    assert len(split) > 10
+    for (t, s), terms in split.items():
+        assert sum(x.weight for x in terms) == pytest.approx(float(graph.adjacency[t, s]),
+                                                             abs=1e-5)  # fmt: skip
+    out = validate.validate(graph, pruned.node_mask, pruned.node_influence, 5, 0.0)
+    assert abs(out["spliced_metric"] - graph.metric) < 1e-4 and len(out["ablations"]) == 5
+    assert out["faithfulness"] is not None
