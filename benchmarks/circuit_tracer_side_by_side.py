@@ -10,6 +10,8 @@ environment of its own, in three steps sharing one folder:
     python benchmarks/circuit_tracer_side_by_side.py ours --work W          # this venv
     python3 -m venv /tmp/ct && /tmp/ct/bin/pip install 'torch==2.13.0' \\
         circuit-tracer==0.5.0 'transformers==4.57.3'                         # once
+        (torch first, a CPU build: a local torch-2.13.0+cpu wheel where PyPI's would be CUDA's;
+        circuit-tracer then brings nnsight and transformer-lens of its own)
     /tmp/ct/bin/python benchmarks/circuit_tracer_side_by_side.py circuit-tracer --work W
     python benchmarks/circuit_tracer_side_by_side.py compare --work W [--out results.json]
 
