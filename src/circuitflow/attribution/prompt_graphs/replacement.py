@@ -75,13 +75,6 @@ def is_cross_layer(transcoders) -> bool:
     return isinstance(transcoders, CrossLayerTranscoder)
 
 
-def replaced_layers(transcoders) -> list[int]:
-    """The layers whose MLPs `transcoders` replaces."""
-    if is_cross_layer(transcoders):
-        return list(range(transcoders.n_layers))
-    return sorted(transcoders)
-
-
 def widths(transcoders) -> dict[int, int]:
     """Each replaced layer's number of features."""
     if is_cross_layer(transcoders):
