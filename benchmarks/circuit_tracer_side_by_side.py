@@ -10,6 +10,8 @@ environment of its own, in three steps sharing one folder:
     python benchmarks/circuit_tracer_side_by_side.py ours --work W          # this venv
     python3 -m venv /tmp/ct && /tmp/ct/bin/pip install 'torch==2.13.0' \\
         circuit-tracer==0.5.0 'transformers==4.57.3'                         # once
+        (torch first, a CPU build: a local torch-2.13.0+cpu wheel where PyPI's would be CUDA's;
+        circuit-tracer then brings nnsight and transformer-lens of its own)
     /tmp/ct/bin/python benchmarks/circuit_tracer_side_by_side.py circuit-tracer --work W
     python benchmarks/circuit_tracer_side_by_side.py compare --work W [--out results.json]
 
@@ -24,6 +26,17 @@ relative difference over edges above a thousandth of the largest; largest absolu
 over the largest edge), the BOS error nodes' share of |A| (circuit-tracer zeroes them: the one
 difference, compared out), and, with circuitflow's BOS error nodes zeroed as circuit-tracer's,
 whether pruning keeps the same nodes and links and the score differences.
+
+Cross-layer transcoders (CLT_CASES): a random CLT of the same model in circuit-tracer's layout
+(sae.cross_layer.save_clt: W_enc_{i}, W_dec_{i} [F, L - i, D], ...), ReLU and JumpReLU, read by
+its load_clt (hooks mlp.hook_in -> mlp.hook_out) and by ours (load_clt, the ln2 weight folded
+into the encoders as for per-layer transcoders), the same prompts. `compare` adds, per CLT graph,
+edges within EDGE_TOLERANCE of circuit-tracer's relative to the graph's largest edge (BOS error
+nodes compared out, as above), and for `clt-diagonal` (the ReLU CLT with its decoders into later
+layers zero, beside the per-layer transcoders holding the same weights, layout mwhanna-diagonal)
+whether our two graphs are equal bit for bit (the graph code is one: they are wherever the two
+encoders' matrix products give the same activations; tests/attribution/
+test_prompt_graphs_clt.py holds the encoder in the per-layer layout and asserts it).
 """
 
 from __future__ import annotations
@@ -42,6 +55,33 @@ LAYOUTS = {  # layout -> (the copy's folder, the file or folder of layer L in it
     "gemma_3": ("gemma", "transcoder_all/layer_{layer}_width_48_l0_small_affine"),
 }
 THRESHOLDS = (0.8, 0.98)  # node and edge: circuit-tracer's defaults
+CLT_CASES = {"clt-relu": "relu", "clt-jumprelu": "jumprelu"}  # folder -> activation
+CLT_WIDTH = 40  # features a layer
+EDGE_TOLERANCE = 1e-5  # |ours - circuit-tracer's| / the graph's largest |edge|
+
+
+def random_clt(activation: str, seed: int, diagonal: bool = False):
+    """A CLT of the tiny model (N_LAYERS, D_MODEL) with random weights, a tenth or so of its
+    features firing a token; `diagonal`: its decoders into later layers zero."""
+    import torch
+
+    from circuitflow.sae.cross_layer import CrossLayerTranscoder
+
+    clt = CrossLayerTranscoder(N_LAYERS, D_MODEL, CLT_WIDTH, activation=activation,
+                               feature_input_hook="mlp.hook_in",
+                               feature_output_hook="mlp.hook_out")  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        clt.W_enc.copy_(torch.randn(clt.W_enc.shape, generator=g) / D_MODEL**0.5)
+        clt.b_enc.copy_(torch.randn(clt.b_enc.shape, generator=g) * 0.1 - 1.5)
+        clt.b_dec.copy_(torch.randn(clt.b_dec.shape, generator=g) * 0.1)
+        for w in clt.W_dec:
+            w.copy_(torch.randn(w.shape, generator=g) * 0.2)
+            if diagonal:
+                w[:, 1:] = 0.0
+        if clt.threshold is not None:
+            clt.threshold.copy_(torch.rand(clt.threshold.shape, generator=g) * 0.1)
+    return clt
 
 
 def ours(work: Path) -> None:
@@ -61,6 +101,8 @@ def ours(work: Path) -> None:
     from circuitflow.attribution.prompt_graphs import prune, replacement
     from circuitflow.model.load import load_local_hf
     from circuitflow.published import Dictionary
+    from circuitflow.sae.cross_layer import load_clt, save_clt
+    from circuitflow.sae.cross_layer_files import ModelShape, check_against, open_clt
     from circuitflow.sae.pretrained import adapt_transcoder, load
 
     work.mkdir(parents=True, exist_ok=True)
@@ -100,6 +142,43 @@ def ours(work: Path) -> None:
                      features=graph.features.numpy(),
                      activations=graph.activations.numpy())  # fmt: skip
             graphs[f"{layout}-{i}"] = prune.scores(graph.adjacency, graph.kinds())
+    # CLTs in circuit-tracer's layout, and the diagonal one beside per-layer transcoders.
+    for seed, (folder, activation) in enumerate(CLT_CASES.items()):
+        save_clt(random_clt(activation, 20 + seed), work / folder)
+    diagonal = random_clt("relu", 30, diagonal=True)
+    save_clt(diagonal, work / "clt-diagonal")
+    lay_out_mwhanna(work / "mwhanna-diagonal", model_dir, {
+        i: {"W_enc": diagonal.W_enc[i].T, "W_dec": diagonal.W_dec[i][:, 0].contiguous(),
+            "b_enc": diagonal.b_enc[i], "b_dec": diagonal.b_dec[i]} for i in range(N_LAYERS)
+    })  # fmt: skip
+    shape = ModelShape.of(model)
+    for folder in (*CLT_CASES, "clt-diagonal"):
+        clt = load_clt(work / folder, shape)
+        if check_against(open_clt(work / folder, shape), shape):  # read after ln2's weight
+            for i in range(N_LAYERS):
+                ln2 = model.blocks[i].ln2
+                clt.fold_input_norm(i, ln2.w, getattr(ln2, "b", None))
+        for i, tokens in enumerate(prompts):
+            graph = replacement.build(model, clt, tokens, ANSWER, DISTRACTOR, skip_bos=True,
+                                      max_feature_nodes=100_000, batch_size=64)  # fmt: skip
+            np.savez(work / f"ours-{folder}-{i}.npz", adjacency=graph.adjacency.numpy(),
+                     features=graph.features.numpy(),
+                     activations=graph.activations.numpy())  # fmt: skip
+            graphs[f"{folder}-{i}"] = prune.scores(graph.adjacency, graph.kinds())
+    transcoders = {}
+    for layer in range(N_LAYERS):
+        d = Dictionary("mlp_out", layer, sae_id=f"layer_{layer}.safetensors",
+                       path=str(work / "mwhanna-diagonal"),
+                       format="mwhanna_transcoder")  # fmt: skip
+        loaded = load(d, None, "cpu")
+        adapt_transcoder(loaded.sae, loaded.view, layer, model)
+        transcoders[layer] = loaded.sae
+    for i, tokens in enumerate(prompts):
+        graph = replacement.build(model, transcoders, tokens, ANSWER, DISTRACTOR, skip_bos=True,
+                                  max_feature_nodes=100_000, batch_size=64)  # fmt: skip
+        np.savez(work / f"ours-mwhanna-diagonal-{i}.npz", adjacency=graph.adjacency.numpy(),
+                 features=graph.features.numpy(),
+                 activations=graph.activations.numpy())  # fmt: skip
     spec = {"prompts": prompts, "answer": ANSWER, "distractor": DISTRACTOR, "graphs": graphs}
     (work / "ours.json").write_text(json.dumps(spec))
 
@@ -116,6 +195,7 @@ def circuit_tracer(work: Path) -> None:
     from circuit_tracer.replacement_model.replacement_model_transformerlens import (
         TransformerLensReplacementModel,
     )
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
     from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
     from safetensors.torch import load_file
     from transformer_lens import HookedTransformerConfig
@@ -132,18 +212,28 @@ def circuit_tracer(work: Path) -> None:
              if not k.endswith(buffers)}  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(work / "google" / "tiny-qwen3")
     scores = {}
-    for layout, (folder, member) in LAYOUTS.items():
+
+    def replacements():
+        """(layout, circuit-tracer's transcoders): the per-layer sets, then the CLTs."""
+        for layout, (folder, member) in LAYOUTS.items():
+            files = {n: str(work / folder / member.format(layer=n)) for n in range(N_LAYERS)}
+            if layout == "gemma_3":
+                files = {n: f"{path}/params.safetensors" for n, path in files.items()}
+            yield layout, load_transcoder_set(
+                files, scan="side-by-side", feature_input_hook="mlp.hook_in",
+                feature_output_hook="mlp.hook_out", device=torch.device("cpu"),
+                special_load_fn="gemma-scope-2" if layout == "gemma_3" else None,
+                lazy_encoder=False, lazy_decoder=False,
+            )  # fmt: skip
+        for folder in (*CLT_CASES, "clt-diagonal"):
+            yield folder, load_clt(str(work / folder), feature_input_hook="mlp.hook_in",
+                                   feature_output_hook="mlp.hook_out", scan="side-by-side",
+                                   device=torch.device("cpu"), dtype=torch.float32,
+                                   lazy_decoder=False)  # fmt: skip
+
+    for layout, transcoders in replacements():
         model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_state_dict(state, strict=False)
-        files = {n: str(work / folder / member.format(layer=n)) for n in range(N_LAYERS)}
-        if layout == "gemma_3":
-            files = {n: f"{path}/params.safetensors" for n, path in files.items()}
-        transcoders = load_transcoder_set(
-            files, scan="side-by-side", feature_input_hook="mlp.hook_in",
-            feature_output_hook="mlp.hook_out", device=torch.device("cpu"),
-            special_load_fn="gemma-scope-2" if layout == "gemma_3" else None,
-            lazy_encoder=False, lazy_decoder=False,
-        )  # fmt: skip
         model._configure_replacement_model(transcoders)
         w_u = model.unembed.W_U.detach()
         target = CustomTarget(
@@ -190,6 +280,23 @@ def compare(work: Path, out: Path | None) -> list[dict]:
         kinds = ["feature"] * n_f + ["error"] * (N_LAYERS * n_pos) + ["token"] * n_pos + ["logit"]
         pruned = prune.prune(zeroed, kinds, *THRESHOLDS)
         scores = prune.scores(zeroed, kinds)
+        edge_over_max = float(np.abs(a - b)[rest].max() / np.abs(b).max())
+        extra = {}
+        if key.startswith("clt-"):
+            extra["edges_within_tolerance"] = edge_over_max <= EDGE_TOLERANCE
+        if key.startswith("clt-diagonal"):
+            p = np.load(work / f"ours-mwhanna-diagonal-{key.rsplit('-', 1)[1]}.npz")
+            extra["equals_per_layer_graph"] = all(
+                bool(np.array_equal(o[k], p[k])) for k in ("adjacency", "features", "activations")
+            )
+            # The encoders multiply in another memory layout (W_enc [F, D] against SAELens's
+            # [D, F]): an activation may differ in its last bit, and its edges with it.
+            extra["per_layer_same_activations"] = bool(
+                np.array_equal(o["activations"], p["activations"])
+            )
+            extra["per_layer_max_abs_diff_over_max"] = float(
+                np.abs(o["adjacency"] - p["adjacency"]).max() / np.abs(p["adjacency"]).max()
+            )
         rows.append({
             "graph": key,
             "features": n_f,
@@ -197,7 +304,7 @@ def compare(work: Path, out: Path | None) -> list[dict]:
             "activation_max_abs_diff": float(np.abs(o["activations"] - c["activations"]).max()),
             "edge_median_rel_diff": float(np.median(relative)),
             "edge_max_rel_diff": float(relative.max()),
-            "edge_max_abs_diff_over_max": float(np.abs(a - b)[rest].max() / np.abs(b).max()),
+            "edge_max_abs_diff_over_max": edge_over_max,
             "bos_error_share": float(np.abs(a[:, bos_errors]).sum() / np.abs(a).sum()),
             "same_pruned_nodes": bool((pruned.node_mask.numpy() == c["node_mask"]).all()),
             "same_pruned_links": bool((pruned.edge_mask.numpy() == c["edge_mask"]).all()),
@@ -206,6 +313,7 @@ def compare(work: Path, out: Path | None) -> list[dict]:
             - theirs[key]["replacement_score"],
             "completeness_diff_bos_zeroed": scores["completeness_score"]
             - theirs[key]["completeness_score"],
+            **extra,
         })  # fmt: skip
     for row in rows:
         print(json.dumps(row))

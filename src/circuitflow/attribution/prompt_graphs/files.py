@@ -12,8 +12,11 @@ and tables here never read node ids back). `metadata.scan` names the transcoder 
 circuit-tracer does (its Hugging Face repository for circuit-tracer's own sets; config
 attribution.prompt_graph_scan). One logit node: the behaviour's metric, logit(answer) -
 logit(distractor), drawn as the answer's logit. Extra keys circuit-tracer does not read live
-under `circuitflow` (top level; per node: a feature's Neuronpedia page where its transcoder
-names one) and `heads` (per link).
+under `circuitflow` (top level: the first position's treatment and the caller's keys; per node:
+a feature's Neuronpedia page where its transcoder names one) and `heads` (per link). A
+cross-layer transcoder's graph is written the same way: circuit-tracer's Node.feature_node
+knows one kind of feature, "cross layer transcoder", its id cantor(source layer, feature) and
+its layer the source layer, for per-layer transcoders and CLTs alike.
 """
 
 from __future__ import annotations
@@ -167,7 +170,8 @@ def graph_file(
         "qParams": dict(DEFAULT_QPARAMS),
         "nodes": nodes,
         "links": links,
-        "circuitflow": extra,
+        # How the first position was treated (PromptGraph.first_position), then the caller's.
+        "circuitflow": {"first_position": graph.first_position, **extra},
     }
 
 

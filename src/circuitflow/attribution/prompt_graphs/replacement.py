@@ -1,5 +1,5 @@
 """One prompt's attribution graph in the local replacement model (circuit-tracer's construction,
-on the transcoders the pipeline trained).
+on the transcoders the pipeline trained, or on a cross-layer transcoder).
 
 The replacement model is the real model run on the prompt with three things held at their clean
 values: every attention pattern (`hook_pattern`), every norm's denominator (`hook_scale`), and
@@ -18,6 +18,21 @@ replacement model adds the skip term to the MLP's output with its gradient kept)
 Node order (rows are targets, columns sources, as circuit-tracer's adjacency matrix): active
 features sorted by (layer, position, feature), then one error node per (layer, position), layer
 major, then one token node per position, then the logit node (the behaviour's metric).
+
+Two kinds of replacement, one code path: per-layer transcoders ({layer: transcoder}) and a
+cross-layer transcoder (sae.cross_layer.CrossLayerTranscoder, circuit-tracer's CLT). A feature's
+writes are activation x decoder row, one per target layer it writes to: its own layer for a
+per-layer transcoder, every layer t >= its layer for a CLT (W_dec[layer][f, t - layer]); its edge
+to a target is the sum of its writes dotted with the target's gradient at each target layer, and
+layer t's error node is its MLP output less every write into it, the decoder bias and the skip
+path (a per-layer set is the CLT whose decoders are zero off the diagonal, and gives the same
+graph). A CLT reads each layer's input at its feature_input_hook: the residual stream
+(hook_resid_mid) or site mlp_in (after CrossLayerTranscoder.fold_input_norm where it read the
+MLP's input after its norm's weight).
+
+The first position (BOS, `skip_bos`): no features there (circuit-tracer zeroes them too), and its
+error node is the whole MLP output less the skip path (its decoder bias included), where
+circuit-tracer zeroes the first position's error nodes (PromptGraph.first_position says so).
 """
 
 from __future__ import annotations
@@ -32,6 +47,8 @@ from circuitflow.attribution.prompt_graphs import prune
 from circuitflow.metrics import logit_diff
 from circuitflow.nodes import EMBED_HOOK, head_hook, hook_name, mlp_hook
 from circuitflow.perf import PassCounter
+from circuitflow.sae.cross_layer import CrossLayerTranscoder
+from circuitflow.sae.cross_layer_files import INPUT_READS
 from circuitflow.sae.transcoder import skip_weight
 
 # Held at their clean values: what makes the model linear in the nodes' writes. The norms of
@@ -44,6 +61,33 @@ PATTERN_ONLY = (".q_norm.", ".k_norm.")
 def frozen_hook(name: str) -> bool:
     """Whether the replacement model holds hook `name` at its clean value."""
     return name.endswith(FROZEN_SUFFIXES) and not any(p in name for p in PATTERN_ONLY)
+
+
+FIRST_POSITION = {
+    True: "no features at the first position; its error nodes hold the whole MLP output less "
+    "the skip path (circuit-tracer zeroes them)",
+    False: "features at every position, the first included",
+}
+
+
+def is_cross_layer(transcoders) -> bool:
+    """Whether `transcoders` is a cross-layer transcoder (else {layer: per-layer transcoder})."""
+    return isinstance(transcoders, CrossLayerTranscoder)
+
+
+def widths(transcoders) -> dict[int, int]:
+    """Each replaced layer's number of features."""
+    if is_cross_layer(transcoders):
+        return dict.fromkeys(range(transcoders.n_layers), transcoders.d_transcoder)
+    return {layer: tc.cfg.d_sae for layer, tc in transcoders.items()}
+
+
+def input_hook(transcoders, layer: int, normalization: str | None) -> str:
+    """The hook whose value layer `layer`'s encoder reads: site mlp_in, or for a CLT that reads
+    the residual stream (feature_input_hook hook_resid_mid, hook_mlp_in) hook_resid_mid."""
+    if is_cross_layer(transcoders) and INPUT_READS[transcoders.feature_input_hook] == "residual":
+        return hook_name("resid_mid", layer)
+    return hook_name("mlp_in", layer, normalization)
 
 
 def logit_target(n_pos: int) -> torch.Tensor:
@@ -69,6 +113,7 @@ class PromptGraph:
     metric: float  # the behaviour's logit difference in the real model
     answer_prob: float  # the answer's probability in the real model
     dropped_features: int = 0  # active features over max_feature_nodes, folded into errors
+    first_position: str = FIRST_POSITION[True]  # how the first position is treated
     passes: dict[str, float] = field(default_factory=dict)
     # What computes more rows of this graph (heads.split_edges): the frozen model and the
     # prompt's whole dictionary, and which of its features the graph kept.
@@ -147,7 +192,7 @@ class Session:
 
     frozen: FrozenModel
     dic: Dictionary
-    transcoders: dict[int, Any]
+    transcoders: dict[int, Any] | CrossLayerTranscoder
     answer: torch.Tensor
     distractor: torch.Tensor
 
@@ -162,16 +207,20 @@ class CleanRun:
 
     frozen: dict[str, torch.Tensor]  # hook name -> pattern / norm scale
     embed: torch.Tensor  # [P, d]
-    mlp_in: dict[int, torch.Tensor]  # layer -> [P, d]
+    mlp_in: dict[int, torch.Tensor]  # layer -> [P, d]: what its encoder reads (input_hook)
     mlp_out: dict[int, torch.Tensor]  # layer -> [P, d]
     metric: float
     answer_prob: float
 
 
-def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int) -> CleanRun:
+def clean_run(model, tokens: torch.Tensor, answer: int, distractor: int,
+              transcoders=None) -> CleanRun:  # fmt: skip
+    """The clean run; each layer's input where `transcoders`' encoders read it (input_hook;
+    default site mlp_in)."""
     n_layers = model.cfg.n_layers
     norms = model.cfg.normalization_type
-    ins = {hook_name("mlp_in", layer, norms): layer for layer in range(n_layers)}
+    tcs = {} if transcoders is None else transcoders
+    ins = {input_hook(tcs, layer, norms): layer for layer in range(n_layers)}
     outs = {mlp_hook(layer): layer for layer in range(n_layers)}
 
     def wanted(name: str) -> bool:
@@ -199,7 +248,9 @@ class Dictionary:
     features: torch.Tensor  # [n_f, 3] (layer, pos, feature), sorted
     activations: torch.Tensor  # [n_f]
     preacts: torch.Tensor  # [n_f] encoder pre-activations (each feature node's input)
-    writes: torch.Tensor  # [n_f, d] activation x decoder row
+    writes: torch.Tensor  # [n_w, d] activation x decoder row, one per (feature, target layer)
+    write_feature: torch.Tensor  # [n_w] long: the feature (row of `features`) writing it
+    write_layer: torch.Tensor  # [n_w] long: the layer it writes to (a feature's own, or later)
     errors: torch.Tensor  # [n_layers, P, d]
     decoder_bias: torch.Tensor  # [n_layers, P, d] b_dec where a transcoder replaces the MLP
     use: torch.Tensor  # [P] bool: the positions where transcoders replace the MLPs
@@ -214,10 +265,13 @@ class Dictionary:
         return mlp if self.skip is None else mlp - self.skip
 
 
-def skip_path(transcoders: dict[int, Any], layer: int, x: torch.Tensor) -> torch.Tensor | None:
-    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d],
-    or None where it has none. At every position, BOS included where the features are left out
-    there (skip_bos), as circuit-tracer's replacement model adds it at every position."""
+def skip_path(transcoders, layer: int, x: torch.Tensor) -> torch.Tensor | None:
+    """The skip path x W_skip^T of layer `layer`'s transcoder for its MLP input `x` [..., P, d]
+    (a CLT's x @ W_skip[layer]), or None where it has none. At every position, BOS included
+    where the features are left out there (skip_bos), as circuit-tracer's replacement model
+    adds it at every position."""
+    if is_cross_layer(transcoders):
+        return None if transcoders.W_skip is None else transcoders.skip(layer, x.float())
     tc = transcoders.get(layer)
     w = None if tc is None else skip_weight(tc)
     return None if w is None else x @ w.float().T
@@ -230,11 +284,24 @@ def encoder_preacts(tc, x: torch.Tensor, features=slice(None)) -> torch.Tensor:
     return tc.process_sae_in(x.to(tc.dtype)).float() @ w + b
 
 
-def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) -> Dictionary:
+def node_preacts(transcoders, layer: int, x: torch.Tensor, feature: int) -> torch.Tensor:
+    """Feature `feature` of layer `layer`'s encoder pre-activation for the input `x` (float32):
+    a feature node's input."""
+    if not is_cross_layer(transcoders):
+        return encoder_preacts(transcoders[layer], x, feature)
+    clt = transcoders
+    w, b = clt.W_enc[layer, feature].float(), clt.b_enc[layer, feature].float()
+    return x.to(clt.dtype).float() @ w + b
+
+
+def decompose(run: CleanRun, transcoders, skip: torch.Tensor) -> Dictionary:
     """Each MLP output as its transcoder's active features + decoder bias + skip path + error,
     at the positions not in `skip` (BOS, where the transcoders were not trained: there the whole
     output less a skip transcoder's skip path is the error node, as the spliced evaluations
-    leave BOS to the real MLP; circuit-tracer adds the skip path there too)."""
+    leave BOS to the real MLP; circuit-tracer adds the skip path there too). A CLT:
+    decompose_clt."""
+    if is_cross_layer(transcoders):
+        return decompose_clt(run, transcoders, skip)
     n_layers = len(run.mlp_out)
     d = run.embed.shape[1]
     errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
@@ -261,11 +328,53 @@ def decompose(run: CleanRun, transcoders: dict[int, Any], skip: torch.Tensor) ->
         errors[layer] -= (a @ w_dec) + bias[layer] + skips[layer]
     skips = skips if any(skip_weight(tc) is not None for tc in transcoders.values()) else None
     if not feats:
-        empty = torch.zeros(0)
+        empty, none = torch.zeros(0), torch.zeros(0, dtype=torch.long)
         return Dictionary(torch.zeros(0, 3, dtype=torch.long), empty, empty, torch.zeros(0, d),
-                          errors, bias, use, skips)  # fmt: skip
-    return Dictionary(torch.cat(feats), torch.cat(acts), torch.cat(pre), torch.cat(writes),
+                          none, none, errors, bias, use, skips)  # fmt: skip
+    features = torch.cat(feats)
+    # One write a feature, into its own layer: the CLT whose decoders are zero off the diagonal.
+    return Dictionary(features, torch.cat(acts), torch.cat(pre), torch.cat(writes),
+                      torch.arange(len(features), device=features.device), features[:, 0].clone(),
                       errors, bias, use, skips)  # fmt: skip
+
+
+def decompose_clt(run: CleanRun, clt: CrossLayerTranscoder, skip: torch.Tensor) -> Dictionary:
+    """decompose for a CLT (CrossLayerTranscoder.components: circuit-tracer's active features,
+    sorted by layer, position, feature, and their writes into every later layer): layer t's
+    error is its MLP output less every source layer's features times its decoder into t, b_dec
+    where features are used and the skip path (at every position); at the positions in `skip`
+    b_dec is part of the error node, as for per-layer transcoders. The sums are decompose's,
+    term for term, so a CLT whose decoders are zero off the diagonal gives its graph exactly."""
+    n_layers = len(run.mlp_out)
+    inputs = torch.stack([run.mlp_in[layer] for layer in range(n_layers)])
+    use = ~skip
+    comps = clt.components(inputs, use)
+    errors = torch.stack([run.mlp_out[layer] for layer in range(n_layers)]).clone()
+    bias = torch.zeros_like(errors)
+    skips = torch.zeros_like(errors)
+    dense = errors.new_zeros(n_layers, errors.shape[1], clt.d_transcoder)  # [L, P, F]
+    layer, pos, feat = comps.features.T
+    dense[layer, pos, feat] = comps.activations
+    with torch.no_grad():
+        for t in range(n_layers):
+            recon = None
+            for source in range(t + 1):
+                a = dense[source]
+                if clt.W_dec is not None:  # held: every row, as decompose's a @ W_dec
+                    part = a @ clt.W_dec[source][:, t - source].float()
+                else:  # read from disk: the active rows alone
+                    active = torch.nonzero(a.ne(0).any(0)).squeeze(1)
+                    rows = clt.decoder_rows(source, active)[:, t - source].float()
+                    part = a[:, active] @ rows
+                recon = part if recon is None else recon + part
+            bias[t, use] = clt.b_dec[t].float()
+            s = skip_path(clt, t, inputs[t])
+            if s is not None:
+                skips[t] = s
+            errors[t] -= recon + bias[t] + skips[t]
+    return Dictionary(comps.features, comps.activations, comps.preacts, comps.writes,
+                      comps.write_feature, comps.write_layer, errors, bias, use,
+                      skips if clt.W_skip is not None else None)  # fmt: skip
 
 
 class FrozenModel:
@@ -278,7 +387,7 @@ class FrozenModel:
                  transcoders: dict[int, Any] | None = None) -> None:  # fmt: skip
         self.model, self.tokens, self.run, self.counter = model, tokens, run, counter
         self.n_layers = model.cfg.n_layers
-        self.transcoders = transcoders or {}
+        self.transcoders = {} if transcoders is None else transcoders
 
     def forward(self, embed: torch.Tensor, mlp_out: torch.Tensor, through=None):
         """(logits, mlp_in per layer, hook_z per layer) with `embed` [B, P, d] and `mlp_out`
@@ -357,7 +466,7 @@ class FrozenModel:
                     fn = only_head(layer, at.to(device), through[at, 1].to(device))
                     hooks.append((hook_name("resid_mid", layer), fn))
             hooks.append((mlp_hook(layer), put_mlp(layer)))
-            mlp_in = hook_name("mlp_in", layer, self.model.cfg.normalization_type)
+            mlp_in = input_hook(self.transcoders, layer, self.model.cfg.normalization_type)
             hooks.append((mlp_in, keep(read, layer)))
         toks = self.tokens[None].expand(batch, -1)
         logits = self.model.run_with_hooks(toks, fwd_hooks=hooks)
@@ -382,7 +491,7 @@ class FrozenModel:
             if layer < 0:
                 out.append(logit_diff(logits[r : r + 1], answer, distractor)[0])
             else:
-                out.append(encoder_preacts(transcoders[layer], read[layer][r, pos], feat))
+                out.append(node_preacts(transcoders, layer, read[layer][r, pos], feat))
         return torch.stack(out), zs
 
 
@@ -402,7 +511,7 @@ def compute_rows(
     frozen: FrozenModel,
     dic: Dictionary,
     targets: torch.Tensor,
-    transcoders: dict[int, Any],
+    transcoders: dict[int, Any] | CrossLayerTranscoder,
     answer: torch.Tensor,
     distractor: torch.Tensor,
     through: torch.Tensor | None = None,
@@ -439,13 +548,16 @@ def compute_rows(
 
 
 def feature_edges(g_mlp: torch.Tensor, dic: Dictionary) -> torch.Tensor:
-    """[R, n_f]: each feature's write dotted with the rows' gradient at its layer and position,
-    a layer at a time ([R, P, n_layer] products, never an [R, n_f, d] gather)."""
+    """[R, n_f]: each feature's writes dotted with the rows' gradient at the layer written and
+    the feature's position, summed over its target layers; a target layer at a time
+    ([R, P, n_layer] products, never an [R, n_w, d] gather)."""
     out = g_mlp.new_zeros(g_mlp.shape[0], len(dic.features))
-    for layer in dic.features[:, 0].unique().tolist():
-        idx = torch.nonzero(dic.features[:, 0] == layer).flatten()
+    for layer in dic.write_layer.unique().tolist():
+        idx = torch.nonzero(dic.write_layer == layer).flatten()
+        feature = dic.write_feature[idx]
         at_pos = g_mlp[:, layer] @ dic.writes[idx].T  # [R, P, n_layer]
-        out[:, idx] = at_pos[:, dic.features[idx, 1], torch.arange(len(idx), device=idx.device)]
+        picked = at_pos[:, dic.features[feature, 1], torch.arange(len(idx), device=idx.device)]
+        out.index_add_(1, feature, picked)  # onto zeros: a per-layer set's values exactly
     return out
 
 
@@ -462,7 +574,7 @@ def biases(frozen: FrozenModel, dic, targets, transcoders, answer, distractor) -
 
 def build(
     model,
-    transcoders: dict[int, Any],
+    transcoders: dict[int, Any] | CrossLayerTranscoder,
     tokens: list[int],
     answer: int,
     distractor: int,
@@ -477,14 +589,15 @@ def build(
     circuit-tracer does), and the rest are folded into their error nodes (the graph stays
     exact: an error node is then the MLP output its kept features do not explain). Memory
     grows with the rows computed times the active features, and with the kept graph's square.
-    The graph's `passes` counts its forward-pass equivalents by part (perf.PassCounter)."""
+    The graph's `passes` counts its forward-pass equivalents by part (perf.PassCounter).
+    `transcoders`: {layer: per-layer transcoder} or a CrossLayerTranscoder."""
     counter = PassCounter()
     device = next(model.parameters()).device
     toks = torch.tensor(tokens, device=device)
     ans = torch.tensor([answer], device=device)
     dis = torch.tensor([distractor], device=device)
     with counter.part("graph_clean"):
-        run = clean_run(model, toks, answer, distractor)
+        run = clean_run(model, toks, answer, distractor, transcoders)
         counter.forward(1)
     skip = torch.zeros(len(tokens), dtype=torch.bool)
     if skip_bos:
@@ -568,6 +681,7 @@ def build(
         metric=run.metric,
         answer_prob=run.answer_prob,
         dropped_features=n_f - n_kept,
+        first_position=FIRST_POSITION[bool(skip_bos)],
         session=Session(frozen, dic, transcoders, ans, dis),
         kept=done.clone(),
     )

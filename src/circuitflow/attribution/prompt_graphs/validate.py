@@ -1,7 +1,9 @@
 """A prompt graph checked against the real model: the model with its transcoders spliced in
 (each MLP's output = its transcoder of the MLP's input in this run, a skip transcoder's skip
 path included, + the error node, held at its clean value), attention and norms live. Unablated
-it is the real model.
+it is the real model. A cross-layer transcoder: each MLP's output = b_dec + error + skip path +
+every layer's (masked) features up to it times their decoders into it, so zeroing a CLT feature
+removes all of its writes.
 
 - Feature ablations: each of the graph's most influential features zeroed at its position;
   the measured change of the metric against the change the graph predicts, which propagates
@@ -22,10 +24,16 @@ from typing import Any
 
 import torch
 
-from circuitflow.attribution.prompt_graphs.replacement import PromptGraph, skip_path
+from circuitflow.attribution.prompt_graphs.replacement import (
+    PromptGraph,
+    input_hook,
+    is_cross_layer,
+    skip_path,
+    widths,
+)
 from circuitflow.attribution.scores import spearman
 from circuitflow.metrics import logit_diff
-from circuitflow.nodes import hook_name, mlp_hook
+from circuitflow.nodes import mlp_hook
 
 
 def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
@@ -46,6 +54,8 @@ def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
         return fn
 
     def write(layer: int):
+        if is_cross_layer(s.transcoders):
+            return write_clt(layer)
         tc = s.transcoders.get(layer)
 
         def fn(act, hook):
@@ -60,12 +70,39 @@ def spliced_metrics(graph: PromptGraph, masks: dict[int, torch.Tensor],
 
         return fn
 
+    clt = s.transcoders
+    feats: dict[int, torch.Tensor] = {}
+
+    def write_clt(layer: int):
+        """Layer `layer`'s output: b_dec + error + skip + every earlier layer's (masked)
+        features' decoders into it (CrossLayerTranscoder.decode's sum)."""
+
+        def fn(act, hook):
+            x = stash[layer]
+            if clt.activation == "batchtopk":  # a prompt's tokens are the batch, not the copies
+                f = torch.stack([clt.encode(layer, xb) for xb in x])
+            else:
+                f = clt.encode(layer, x)
+            feats[layer] = f.float() * masks[layer] * dic.use[None, :, None]
+            out = (dic.decoder_bias[layer] + dic.errors[layer]).expand(batch, -1, -1)
+            for source in range(layer + 1):
+                a = feats[source]
+                active = torch.nonzero(a.ne(0).flatten(0, 1).any(0)).squeeze(1)
+                if active.numel():
+                    rows = clt.decoder_rows(source, active)[:, layer - source].float()
+                    out = out + a[..., active] @ rows
+            skip = skip_path(clt, layer, x.float())
+            out = out if skip is None else out + skip
+            return out.to(act.dtype)
+
+        return fn
+
     hooks = []
     if freeze_norms:
         frozen = {k: v for k, v in s.frozen.run.frozen.items() if k.endswith("hook_scale")}
         hooks += [(name, lambda act, hook: frozen[hook.name].expand_as(act)) for name in frozen]
     for layer in range(model.cfg.n_layers):
-        mlp_in = hook_name("mlp_in", layer, model.cfg.normalization_type)
+        mlp_in = input_hook(s.transcoders, layer, model.cfg.normalization_type)
         hooks += [(mlp_in, read(layer)), (mlp_hook(layer), write(layer))]
     tokens = s.frozen.tokens[None].expand(batch, -1)
     with torch.no_grad():
@@ -106,8 +143,8 @@ def validate(graph: PromptGraph, node_mask: torch.Tensor, influence: torch.Tenso
     rows = ["clean", "pruned", "none"] + [f"feature {i}" for i in top]
     masks = {}
     feats = graph.features
-    for layer, tc in s.transcoders.items():
-        m = torch.ones(len(rows), n_pos, tc.cfg.d_sae)
+    for layer, d_sae in widths(s.transcoders).items():
+        m = torch.ones(len(rows), n_pos, d_sae)
         m[1:3] = 0.0  # "pruned" turns its features back on below; "none" keeps them off
         on = (feats[:, 0] == layer) & node_mask[:n_f]
         m[1, feats[on, 1], feats[on, 2]] = 1.0
