@@ -30,7 +30,11 @@ SHAPES = {
     "ln": {"n_layers": 1, "normalization_type": "LN"},
     "no_ln": {"n_layers": 1, "normalization_type": None},
     "attn_only": {"n_layers": 2, "normalization_type": "LN", "attn_only": True},
+    "silent_mlp": {"n_layers": 2, "normalization_type": "LN"},
 }
+# Shape -> the layer whose MLP writes nothing (all its weights and biases zero): compiled,
+# pruned and hand-built models have such layers, and every stage must take them as data.
+SILENT_MLP = {"silent_mlp": 0}
 
 
 def tokenizer():
@@ -47,8 +51,8 @@ def tokenizer():
 
 
 def build(shape: str, seed: int = 0):
-    """The HookedTransformer of `shape` (a key of SHAPES), its weights set as the module says,
-    in float32 on the CPU, with its tokenizer."""
+    """The HookedTransformer of `shape` (a key of SHAPES), its weights set as the module says
+    (SILENT_MLP's MLP zero), in float32 on the CPU, with its tokenizer."""
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -57,7 +61,12 @@ def build(shape: str, seed: int = 0):
         d_vocab=len(VOCAB), act_fn="relu", seed=seed, **SHAPES[shape],
     )  # fmt: skip
     # A tokenizer saved first: TransformerLens reloads it from its folder (add_bos_token).
-    return _with_weights(HookedTransformer(cfg, tokenizer=_saved_tokenizer()), seed, torch)
+    model = _with_weights(HookedTransformer(cfg, tokenizer=_saved_tokenizer()), seed, torch)
+    if shape in SILENT_MLP:
+        with torch.no_grad():
+            for p in model.blocks[SILENT_MLP[shape]].mlp.parameters():
+                p.zero_()
+    return model
 
 
 def _saved_tokenizer():

@@ -41,6 +41,9 @@ SHAPES = {
     "no_ln": {"sae": STREAM},
     "attn_only": {"layers": [1], "sae": STREAM | {"kind": "sae"},
                   "attribution": {"prompt_graphs": 0}},
+    # Layer 0's MLP writes nothing: its transcoder trains from captured files (the default
+    # source, one job a dictionary) on a target with no variance (issue 56).
+    "silent_mlp": {"layers": [0, 1]},
 }  # fmt: skip
 N_PROMPTS = 16
 
@@ -64,7 +67,7 @@ def run_shape(shape: str, ckpt, workdir) -> dict:
     })  # fmt: skip
     results = workdir / "results"
     targets = [results / "interventions" / "previous" / "summary.json"]
-    if shape == "no_ln":
+    if shape in ("no_ln", "silent_mlp"):
         targets.append(results / "attribution" / "previous" / "prompt_graphs")
     # One core: the jobs run one after another anyway, and one thread each spins no OpenMP
     # threads on cores the suite's other workers need.
@@ -160,3 +163,27 @@ def test_an_attention_only_model_has_heads_and_no_mlp_nodes(runs):
     graph = read_json(results / "attribution" / "previous" / "graph.json")
     assert not [n for n in graph["nodes"] if n["kind"] == "mlp"]
     assert sorted(p.name for p in (results / "saes").iterdir()) == ["resid_post"]
+
+
+def test_a_layer_whose_mlp_writes_nothing_is_data_not_a_crash(runs):
+    """The silent MLP's transcoder trains and is measured: its explained variance is undefined
+    (no variance to explain), said as such, not a division by zero; the run goes on to the
+    interventions and the per-prompt graphs, where that MLP carries nothing."""
+    run = runs("silent_mlp")
+    results, silent = run["results"], tl.SILENT_MLP["silent_mlp"]
+    metrics = read_json(results / "saes" / "mlp_out" / f"layer_{silent}" / "metrics.json")
+    assert metrics["explained_variance"] is None and metrics["target_variance"] == 0.0, metrics
+    assert metrics["ce_clean"] == metrics["ce_zero"] and metrics["ce_loss_recovered"] is None
+    live = read_json(results / "saes" / "mlp_out" / "layer_1" / "metrics.json")
+    assert live["target_variance"] > 0 and isinstance(live["explained_variance"], float), live
+    log = (results / "logs" / "train_sae" / f"mlp_out_layer_{silent}.log").read_text()
+    assert "explained_variance=undefined (the target is constant: variance 0)" in log, log[-2000:]
+    components = pd.read_parquet(results / "attribution" / "previous" / "components.parquet")
+    mlp = components[(components.kind == "mlp") & (components.layer == silent)]
+    assert len(mlp) == 1 and (
+        mlp.select_dtypes("number").drop(columns=["layer", "index"]) == 0
+    ).all(axis=None), mlp.T
+    assert read_json(results / "interventions" / "previous" / "summary.json")
+    graphs = read_json(results / "attribution" / "previous" / "prompt_graphs" / "summary.json")
+    for row in graphs["graphs"]:
+        assert 0 <= row["replacement_score"] <= 1 and 0 <= row["completeness_score"] <= 1, row
