@@ -321,7 +321,8 @@ def score(rules: RuleTable, counts: AtomCounts) -> Scores:
         if (use & (slot < 0)).any():
             raise ValueError("score: the counts hold no slot for some rule's token")
         kind = np.where(use, rules.kind, 0)
-        tp += np.where(use, a["tp"][slot, rules.condition], 0)
+        # Indexed where used only: a dead dictionary's counts hold no slot at all (size 0).
+        tp[use] += a["tp"][slot[use], rules.condition[use]]
         pp += np.where(use, a["holds"][kind, rules.condition, np.where(use, atom, 0)], 0)
     ctx = rules.kind == CONTEXT
     tp = np.where(ctx, a["fires"][f, rules.condition], tp)

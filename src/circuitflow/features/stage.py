@@ -378,6 +378,10 @@ def read_out(model, members: list[Member], tokens, rows, vocab, opts, first, met
             with share.part(part):
                 share.forward(1, total / len(members))
         summary |= share.summary(len(rows), unit="context")
+        if len(stats.count) and not live.any():
+            log.warning("features %s layer %d: dead dictionary: none of its %d latents fired on "
+                        "%d contexts; every feature is written dead", m.site, m.layer,
+                        len(stats.count), stats.n_contexts)  # fmt: skip
         write.write(m.out, feats, ctx, summary, ex)
         summaries.append(summary)
     return summaries
