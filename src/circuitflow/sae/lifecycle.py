@@ -65,7 +65,8 @@ METRICS_KEYS = (
 
 def metrics_line(metrics: dict[str, Any]) -> str:
     """A dictionary's metrics as its job prints them, one line: an explained variance the
-    target gave no variance to (a constant site, an MLP that writes nothing) says so."""
+    target gave no variance to (a constant site, an MLP that writes nothing) says so, and so
+    does a dead dictionary (no latent fired: its reconstruction is its decoder bias)."""
     ev = metrics["explained_variance"]
     explained = (
         f"{ev:.3f}" if ev is not None
@@ -75,6 +76,7 @@ def metrics_line(metrics: dict[str, Any]) -> str:
         f"{metrics['kind']} l0={metrics['l0']:.2f} explained_variance={explained} "
         f"ce_loss_recovered={metrics['ce_loss_recovered']} "
         f"dead_fraction={metrics['dead_fraction']:.3f}"
+        + (" (dead dictionary: no latent fired)" if metrics["dead_fraction"] >= 1 else "")
     )
 
 
