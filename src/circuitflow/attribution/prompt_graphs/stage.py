@@ -192,6 +192,12 @@ def run(
             n_active = graph.n_features + graph.dropped_features
             summary = describe(graph, pruned, scores, n_active)
             summary["validation"] = checked
+            if n_active == 0:
+                log.warning(
+                    "%s-%s: no active features (no transcoder latent fires on the prompt): "
+                    "the graph is its tokens, error nodes and logit; faithfulness and spearman "
+                    "undefined", behaviour, row.prompt_id,
+                )  # fmt: skip
             if checked["passed"] is False:
                 log.warning(
                     "%s-%s: the graph's predicted feature ablations agree poorly with the "

@@ -164,6 +164,18 @@ def validate(graph: PromptGraph, node_mask: torch.Tensor, influence: torch.Tenso
     rho = spearman(torch.tensor(predicted).numpy(), torch.tensor(measured).numpy())
     rho_frozen = spearman(torch.tensor(predicted).numpy(), torch.tensor(frozen_norms).numpy())
     denom = clean - none
+    undefined = {}  # each null's reason
+    if denom == 0:
+        undefined["faithfulness"] = (
+            "no active features: m_clean = m_none" if n_f == 0
+            else "the features move nothing: m_clean = m_none"
+        )  # fmt: skip
+    for key, r in (("spearman", rho), ("spearman_frozen_norms", rho_frozen)):
+        if r is None:
+            undefined[key] = (
+                f"{len(top)} features ablated: a rank correlation needs 3" if len(top) < 3
+                else "the predicted or measured changes are all equal"
+            )  # fmt: skip
     return {
         "spliced_metric": clean,
         "metric_pruned": pruned,
@@ -183,4 +195,5 @@ def validate(graph: PromptGraph, node_mask: torch.Tensor, influence: torch.Tenso
         # disagreement is the features' nonlinearity (TopK's choice, thresholds) and attention.
         "spearman_frozen_norms": rho_frozen,
         "passed": None if rho is None else rho >= threshold,
+        "undefined": undefined,
     }
