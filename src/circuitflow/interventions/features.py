@@ -3,6 +3,7 @@ steered along their decoder direction next to a random direction of the same nor
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ from circuitflow.interventions.ablation import Intervener, Request
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.stats import Runs
 from circuitflow.nodes import Node, hook_name
+
+log = logging.getLogger(__name__)
 
 
 def active_features(iv: Intervener, hook: str) -> np.ndarray:
@@ -40,6 +43,18 @@ def feature_interventions(
         return empty_ablate, empty_steer
     feats = attribution_features[attribution_features["kind"] == "feature"]
     feats = feats[[hook_name(r.site, int(r.layer)) in saes for r in feats.itertuples()]]
+    # A feature scored exactly 0 cannot move the metric (it fires on neither prompt of any
+    # pair: a dead dictionary's every feature; or the pairs do not differ): left out, as inert
+    # heads are, so its ablation is not reported as a finding of 0.
+    inert = feats["score"] == 0
+    feats = feats[~inert]
+    if feats.empty:
+        log.warning(
+            "no SAE feature has a non-zero attribution score (%d inert: a dead dictionary, or "
+            "clean and corrupted prompts that do not differ): no feature ablated or steered",
+            int(inert.sum()),
+        )  # fmt: skip
+        return empty_ablate, empty_steer
     feats = feats.reindex(feats["score"].abs().sort_values(ascending=False).index)
     top = feats.head(cfg.n_features)
     attr_score = {
