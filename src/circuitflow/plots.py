@@ -30,7 +30,8 @@ def layer_head_grid(
     `cell_text(layer, head)` when the grid is small enough to read (at most 64 heads)."""
     plt = pyplot()
     n_layers, n_heads = grid.shape
-    lim = max(float(np.nanmax(np.abs(grid))) if grid.size else 0.0, 1e-9)
+    finite = np.abs(grid[np.isfinite(grid)])  # all NaN: a drop fraction of a metric at 0
+    lim = max(float(finite.max()) if finite.size else 0.0, 1e-9)
     size = (margin + cell_size[0] * n_heads, 1 + cell_size[1] * n_layers)
     fig, ax = plt.subplots(figsize=size)
     im = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")

@@ -17,6 +17,7 @@ from circuitflow.attribution import stage as attr_stage
 from circuitflow.attribution.config import AttributionConfig
 from circuitflow.interventions import stage as iv_stage
 from circuitflow.interventions.config import InterventionsConfig
+from circuitflow.interventions.summary import headline
 
 N_PROMPTS = 12
 
@@ -58,3 +59,27 @@ def test_dead_saes_run_through_attribution_and_interventions(tmp_path, caplog):
     assert pd.read_parquet(iv / "steering.parquet").empty
     assert "no SAE feature has a non-zero attribution score (64 inert" in caplog.text
     assert s["faithfulness_curve"]  # the circuits of heads, MLPs and error terms go on
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_constant_metric_runs_through_attribution_and_interventions(tmp_path):
+    """A model whose logits do not depend on the input (W_U = 0): every ablation leaves the
+    metric at 0, so faithfulness and completeness (over m_full - m_empty = 0) are undefined;
+    summary.json, its line and both report pages say why, and nothing warns of a NaN."""
+    torch.set_num_threads(1)
+    model, saes, prompts = tiny_spliced(N_PROMPTS, frozen=True)
+    with torch.no_grad():
+        model.W_U.zero_()  # every logit b_U: the metric is the same whatever the input
+    a, s, page = run_all(model, saes, prompts, tmp_path)
+    assert (s["logit_diff_clean"], s["logit_diff_empty"]) == (0.0, 0.0)
+    assert s["faithfulness"] is None and s["circuit_size"] is None
+    assert set(s["undefined"]) == {"faithfulness", "completeness", "faithfulness_heldout",
+                                   "completeness_heldout"}  # fmt: skip
+    why = "ablating every node leaves the metric where it was on the selection half"
+    assert s["undefined"]["faithfulness"].startswith(why)
+    assert s["circuit_size_source"].startswith("none: faithfulness is undefined (ablating")
+    assert s["flags"] == []  # nothing undefined is flagged as under the threshold
+    assert f"undefined: {why}" in page
+    graph_page = (tmp_path / "report" / "graph.html").read_text()
+    assert "faithfulness is undefined: ablating every node" in graph_page
+    assert "faithfulness undefined: ablating" in headline("b", s)

@@ -241,7 +241,10 @@ def _circuit_lines(graph: dict[str, Any], circuit: dict[str, Any] | None) -> lis
         f"{rounded(g.get('completeness'))}, {rounded(g.get('completeness_heldout'))} held out"
     ]
     size = circuit.get("circuit_size")
-    if size is None:
+    why = (circuit.get("undefined") or {}).get("faithfulness")
+    if size is None and why:
+        lines.append(f"faithfulness is undefined: {why}")
+    elif size is None:
         lines.append("the interventions stage found no faithful circuit size by attribution rank")
     else:
         lines.append(

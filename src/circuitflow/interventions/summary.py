@@ -44,10 +44,13 @@ def summarise(
     def nodes(n: int | None) -> list[str] | None:
         return None if n is None else [node.id for node in ranked[:n]]
 
+    undefined = undefined_metrics(top_rows)
     if cfg.circuit_size is not None:
         source = "config"
     elif smallest is not None:
         source = "smallest faithful on the selection half"
+    elif "faithfulness" in undefined:
+        source = f"none: faithfulness is undefined ({undefined['faithfulness']})"
     else:
         source = (
             f"none: no circuit size reaches faithfulness {cfg.faithfulness_threshold} on the "
@@ -103,11 +106,30 @@ def summarise(
         "n_runs": runs.n_runs,
         "config": asdict(cfg),
         "seconds": seconds,
+        "undefined": undefined,
     }
     for column in ("faithfulness", "completeness", "faithfulness_heldout", "completeness_heldout"):
         curve = {int(n): float(v) for n, v in top_rows[column].items()}
         summary[column.replace("ness", "ness_curve", 1)] = curve
     return flags.with_flags(summary)
+
+
+def undefined_metrics(top_rows: pd.DataFrame) -> dict[str, str]:
+    """Each metric whose curve is undefined at every size, and why: faithfulness and
+    completeness divide by m_full - m_empty, which is 0 when ablating every candidate node
+    leaves the metric where it was (a metric the same for every input, such as a model whose
+    logits do not depend on it). Empty when the curves are numbers."""
+    out = {}
+    full, empty = float(top_rows["m_full"].iloc[0]), float(top_rows["m_empty"].iloc[0])
+    for half, where in (("", "the selection half"), ("_heldout", "the held-out half")):
+        for metric in circ.METRICS:
+            if top_rows[f"{metric}{half}"].isna().all():
+                out[f"{metric}{half}"] = (
+                    f"ablating every node leaves the metric where it was on {where} "
+                    f"(m_full - m_empty = 0; m_full {full:.4g}, m_empty {empty:.4g} on the "
+                    "selection half): the metric does not depend on the nodes"
+                )  # fmt: skip
+    return out
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -123,7 +145,10 @@ def headline(behaviour: str, s: dict[str, Any]) -> str:
     heads = ", ".join(
         f"L{h['layer']}H{h['head']} {_fmt(h['drop_frac'], '.0%')}" for h in s["top_heads"][:3]
     )
-    if s["circuit_size"] is None:
+    undefined = s.get("undefined") or {}
+    if s["circuit_size"] is None and "faithfulness" in undefined:
+        circuit = f"faithfulness undefined: {undefined['faithfulness']}"
+    elif s["circuit_size"] is None:
         circuit = (
             f"no circuit size reaches faithfulness {s['faithfulness_threshold']} on the "
             "selection half"

@@ -85,8 +85,12 @@ NO_CIRCUIT = "none: no circuit size is faithful on the selection half"
 
 
 def _mean_std(summary: dict, key: str) -> str:
-    """`mean ± std` of a summary metric, or why there is none (no faithful circuit size)."""
+    """`mean ± std` of a summary metric, or why there is none (undefined: the metric does not
+    depend on the nodes; no faithful circuit size)."""
     value = summary.get(key)
+    why = (summary.get("undefined") or {}).get(key)
+    if value is None and why:
+        return f"undefined: {why}"
     if value is None:
         return NO_CIRCUIT if summary.get("circuit_size") is None else "n/a"
     return f"{_num(value)} ± {_num(summary.get(key + '_std') or 0)}"
