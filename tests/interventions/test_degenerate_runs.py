@@ -71,6 +71,12 @@ def test_a_constant_metric_runs_through_attribution_and_interventions(tmp_path):
     with torch.no_grad():
         model.W_U.zero_()  # every logit b_U: the metric is the same whatever the input
     a, s, page = run_all(model, saes, prompts, tmp_path)
+    assert a["metric_clean"] == a["metric_corrupted"] == 0
+    v = a["validation"]
+    assert v["spearman"] is None and v["n_nodes"] == 0
+    assert v["spearman_undefined"].startswith("every node scores exactly 0 by both methods")
+    assert v["by_kind"]["head"]["spearman_undefined"] == v["spearman_undefined"]
+    assert "Spearman undefined: every node scores exactly 0" in page
     assert (s["logit_diff_clean"], s["logit_diff_empty"]) == (0.0, 0.0)
     assert s["faithfulness"] is None and s["circuit_size"] is None
     assert set(s["undefined"]) == {"faithfulness", "completeness", "faithfulness_heldout",

@@ -454,6 +454,18 @@ def inert(fast: np.ndarray, exact: np.ndarray) -> np.ndarray:
 MIN_KIND_NODES = 3  # a node kind with this many nodes must pass for the validation to pass
 
 
+def undefined_why(n_nodes: int, n_inert: int) -> str:
+    """Why a validation's spearman is null, for `n_nodes` compared and `n_inert` left out."""
+    if n_nodes == 0 and n_inert:
+        return (
+            "every node scores exactly 0 by both methods: nothing moves the metric (clean and "
+            "corrupted prompts give the same metric, or it does not depend on the input)"
+        )  # fmt: skip
+    if n_nodes < 3:
+        return f"{n_nodes} nodes can move the metric: a rank correlation needs 3"
+    return "the fast or the exact scores are all equal"
+
+
 def validation(frame: pd.DataFrame, method: str, threshold: float) -> dict[str, Any]:
     """Rank agreement of the fast method with exact patching on the same (validation) prompts,
     on the nodes where both exist and the node can move the metric (`inert`, counted in
@@ -473,11 +485,13 @@ def validation(frame: pd.DataFrame, method: str, threshold: float) -> dict[str, 
         rho = spearman(fast[mask & both], exact[mask & both])
         passed = None if rho is None else bool(rho >= threshold)
         n_inert = int((mask & still).sum())
+        n = int((mask & both).sum())
         return {
             "spearman": rho,
-            "n_nodes": int((mask & both).sum()),
+            "n_nodes": n,
             "n_inert": n_inert,
             "passed": passed,
+            "spearman_undefined": None if rho is not None else undefined_why(n, n_inert),
         }
 
     kinds = sorted(frame.loc[~np.isnan(exact), "kind"].unique().tolist())

@@ -61,6 +61,9 @@ def score(
     node_scores = scores.score_nodes(model, prompts, saes, cfg, bypass_bos)
     validation = scores.validation(node_scores.frame, cfg.method, cfg.spearman_threshold)
     pooled = {"spearman": validation["spearman"], "passed": validation["passed_all_nodes"]}
+    if validation["spearman"] is None:
+        log.warning("%s: %s's validation against exact patching is undefined: %s", behaviour,
+                    cfg.method, validation["spearman_undefined"])  # fmt: skip
     for kind, result in [("all nodes", pooled), *validation["by_kind"].items()]:
         if result["passed"] is False:
             log.warning(

@@ -137,6 +137,8 @@ def validation_html(graph: dict) -> str:
         f'{val.get("threshold")}): <span class="{"ok" if val.get("passed") else "bad"}">'
         f"{verdict}</span>"
     )
+    if val.get("spearman_undefined"):
+        text += f"; Spearman undefined: {html.escape(val['spearman_undefined'])}"
     if failed:
         text += (
             f"; kinds with at least {val.get('min_kind_nodes')} nodes that fail: "
