@@ -11,7 +11,7 @@ import logging
 import pandas as pd
 import pytest
 import torch
-from helpers.spliced import tiny_spliced
+from helpers.spliced import tiny_spliced, write_feature_dirs
 
 from circuitflow.attribution import stage as attr_stage
 from circuitflow.attribution.config import AttributionConfig
@@ -22,19 +22,20 @@ from circuitflow.interventions.summary import headline
 N_PROMPTS = 12
 
 
-def run_all(model, saes, prompts, root):
+def run_all(model, saes, prompts, root, feature_dirs=()):
     from circuitflow.report import stage as report_stage
     from circuitflow.report.pages.behaviour import behaviour_sections
 
     adir, out = root / "attribution" / "b", root / "interventions" / "b"
     acfg = AttributionConfig(method="atp", validation_features=2, context_features=1,
                              n_contexts=2, max_graph_nodes=6, validation_prompts=4)  # fmt: skip
-    a = attr_stage.attribute(model, prompts, saes, None, acfg, "b", adir)
+    a = attr_stage.attribute(model, prompts, saes, None, acfg, "b", adir,
+                             feature_dirs=feature_dirs)  # fmt: skip
     cfg = InterventionsConfig(n_seeds=2, n_random_circuits=1, top_k_heads=4, n_random_sets=1,
                               n_features=2, n_random_features=1,
                               steering_alphas=(0.0, 2.0))  # fmt: skip
     s = iv_stage.intervene(model, prompts, adir, saes, None, cfg, "b", out, base_seed=0)
-    page = "".join(body for _, body in behaviour_sections(adir, out))
+    page = "".join(body for _, body in behaviour_sections(adir, out, feature_dirs=feature_dirs))
     report_stage.graph_page("b", adir, out, root / "report" / "graph.html")
     for path in [*adir.glob("*.json"), *out.glob("*.json")]:
         json.loads(path.read_text(), parse_constant=lambda c, p=path: pytest.fail(f"{c}: {p}"))
@@ -49,8 +50,9 @@ def test_dead_saes_run_through_attribution_and_interventions(tmp_path, caplog):
     with torch.no_grad():
         for sae in saes.values():
             sae.b_enc.fill_(-1e4)
+    feature_dirs = write_feature_dirs(model, saes, tmp_path)  # every feature dead
     with caplog.at_level(logging.WARNING):
-        a, s, page = run_all(model, saes, prompts, tmp_path)
+        a, s, page = run_all(model, saes, prompts, tmp_path, feature_dirs)
     feats = pd.read_parquet(tmp_path / "attribution" / "b" / "features.parquet")
     assert (feats.loc[feats["feature"] >= 0, "score"] == 0).all()
     assert a["validation"]["by_kind"]["feature"]["n_nodes"] == 0
