@@ -60,7 +60,9 @@ def test_dead_saes_run_through_attribution_and_interventions(tmp_path, caplog):
     assert pd.read_parquet(iv / "features.parquet").empty
     assert pd.read_parquet(iv / "steering.parquet").empty
     assert "no SAE feature has a non-zero attribution score (64 inert" in caplog.text
-    assert s["faithfulness_curve"]  # the circuits of heads, MLPs and error terms go on
+    # No feature fires: the circuits are of the components and the SAEs' error terms.
+    assert s["n_nodes_by_kind"] == {"embedding": 1, "error": 2, "head": 4, "mlp": 2}
+    assert s["faithfulness_curve"] and s["circuit_size"] is not None
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
