@@ -1,6 +1,7 @@
-"""A dead dictionary (no latent fires: a published one with a very negative b_enc, a TopK one
-whose pre-activations are all <= 0) is measured like any other: l0 0, dead_fraction 1.0, its
-losses numbers, and the job's line says it is dead."""
+"""A dead dictionary (no latent fires: one with a very negative b_enc, a JumpReLU one whose
+threshold is above every pre-activation, a TopK one whose pre-activations are all <= 0) is
+measured like any other: l0 0, dead_fraction 1.0, its losses numbers, and the job's line says
+it is dead."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ def dead_sae():
     return sae
 
 
+def dead_jumprelu():
+    from sae_lens import JumpReLUSAE, JumpReLUSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    meta = SAEMetadata(hook_name="blocks.1.hook_resid_post")
+    sae = JumpReLUSAE(JumpReLUSAEConfig(d_in=D, d_sae=12, device="cpu", metadata=meta)).eval()
+    with torch.no_grad():
+        sae.W_enc.normal_(generator=torch.Generator().manual_seed(0))
+        sae.threshold.fill_(1e4)  # above every pre-activation
+    return sae
+
+
 def dead_transcoder(model):
     from helpers.transcoders import random_transcoders
 
@@ -47,9 +60,10 @@ def dead_transcoder(model):
     return tc
 
 
-@pytest.mark.parametrize(("kind", "layer"), [("sae", 1), ("transcoder", 0)])
+@pytest.mark.parametrize(("kind", "layer"), [("sae", 1), ("jumprelu", 1), ("transcoder", 0)])
 def test_a_dead_dictionary_is_measured_and_says_so(model, kind, layer):
-    d = dead_sae() if kind == "sae" else dead_transcoder(model)
+    build = {"sae": dead_sae, "jumprelu": dead_jumprelu}.get(kind)
+    d = build() if build else dead_transcoder(model)
     contexts = torch.randint(1, VOCAB, (8, T), generator=torch.Generator().manual_seed(0))
     contexts[:, 0] = 0
     m = evaluate(model, d, SimpleNamespace(layer=layer), contexts, True, 0)
