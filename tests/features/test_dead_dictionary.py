@@ -106,3 +106,20 @@ def test_the_pages_and_export_of_a_dead_dictionary(written, tmp_path):
     assert "100" in index.read_text()  # the dead fraction, 100%
     for b in out.glob("batch-*.json"):
         assert "NaN" not in b.read_text()
+
+
+def test_the_explainer_passes_a_dead_dictionary_through(written, tmp_path):
+    """No live feature: nothing to explain, so no language model is called (None here), and
+    the folder is written again with every feature's explanation `dead`."""
+    from circuitflow.features import explainer
+    from circuitflow.features.config import ExplainerConfig
+
+    ms, _, _ = written
+    config = {"seed": 0, "features": {"labeller": "some/explainer"}}
+    out = tmp_path / "resid_post" / "layer_1"
+    summary = explainer.explain_folder(None, None, ms[0].out, out, config, ExplainerConfig(),
+                                       {}, None, None, False)  # fmt: skip
+    block = summary["labels"]["labellers"]["explainer"]
+    assert block["n_live"] == 0 and block["mean_f1"] is None
+    feats = pd.read_parquet(out / "features.parquet")
+    assert (feats["label_explainer"] == "dead").all()
