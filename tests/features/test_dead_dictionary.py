@@ -86,6 +86,7 @@ def test_a_dead_dictionary_is_written_all_dead(written):
     for m, s in zip(ms, summaries, strict=True):
         feats = pd.read_parquet(m.out / "features.parquet")
         assert len(feats) == D_SAE and feats["dead"].all()
+        assert pd.read_parquet(m.out / "contexts.parquet").empty
         assert s["dead_fraction"] == 1.0 and s["labels"]["labellers"]["rules"]["n_live"] == 0
 
 
