@@ -25,6 +25,9 @@ class InterventionsConfig:
     circuit_size: int | None = _D["circuit_size"]  # null: the smallest faithful size
     circuit_nodes: str = _D["circuit_nodes"]  # features (+ SAE features, errors) | components
     faithfulness_threshold: float = _D["faithfulness_threshold"]
+    circuit_scores: str = _D["circuit_scores"]  # atp | ig, against the run's ablation
+    circuit_ig_steps: int = _D["circuit_ig_steps"]
+    prune_rounds: int = _D["prune_rounds"]
     n_random_circuits: int = _D["n_random_circuits"]
     top_k_heads: int = _D["top_k_heads"]
     max_set_size: int = _D["max_set_size"]

@@ -43,6 +43,18 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
         # random controls at the size it finds only.
         grid, bisection = search(components)
         circuits += seeds * (2 * grid + 2 * bisection + 1) + 2 * random
+    # The circuits' two views (selection.circuits): the scores against the run's ablation (a
+    # forward for the shapes and the method's passes, per seed drawn; a forward a hook for the
+    # references; each node but the SAE features ablated alone), then each view's search
+    # (grid, bisection: the ablation view's are the curves' above again, cached, but bounded
+    # here all the same) and pruning (pruning.Pruned.bound_runs, the prefix bounded by every
+    # candidate), the patching view's clean run.
+    method = 4.0 if icfg.circuit_scores == "atp" else 2.0 + 3.0 * icfg.circuit_ig_steps
+    hooks = 1 + 2 * layers + n_saes
+    circuits += seeds * method + hooks + seeds * (components + n_saes)
+    grid, bisection = search(components + n_saes * (d_sae + 1))
+    pruning = (3 * icfg.prune_rounds + 1) * (components + n_saes * (d_sae + 1)) + 2
+    circuits += 1 + 2 * seeds * (2 * grid + 2 * bisection + 1 + pruning)
     sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
                for k in range(2, icfg.max_set_size + 1))  # fmt: skip
     parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}

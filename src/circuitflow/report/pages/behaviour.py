@@ -213,8 +213,9 @@ def circuits_headline(summary: dict) -> pd.DataFrame:
 
 
 def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]:
-    """Heads whose score is exactly 0 (inert: a pruned head, W_O = 0, or one nothing moves)
-    left out of a heads table, and a note naming them."""
+    """Heads whose score is exactly 0 (a pruned head, W_O = 0, or one nothing moves: for
+    attribution's score, a head that carries no difference; for the ablation effect, an inert
+    one) left out of a heads table, and a note naming them."""
     if frame.empty or "score" not in frame:
         return frame, ""
     inert = frame[frame["score"] == 0]
@@ -222,7 +223,7 @@ def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]
         return frame, ""
     names = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in inert.itertuples())
     return frame[frame["score"] != 0], note(
-        f"{len(inert)} heads whose {what} is exactly 0 (inert, such as pruned heads) are not "
+        f"{len(inert)} heads whose {what} is exactly 0 (such as pruned heads) are not "
         f"shown: {names}"
     )
 
@@ -287,10 +288,14 @@ def _head_sets_note(summary: dict) -> str:
     among = summary.get("top_k_heads")
     if among is None:
         return ""
-    inert = summary.get("inert_heads") or []
+    left_out = summary.get("left_out_heads") or []
     return note(
         f"among the top heads by attribution: {', '.join(among)}"
-        + (f" (inert heads left out: {', '.join(inert)})" if inert else "")
+        + (
+            f" (heads inert and carrying no difference left out: {', '.join(left_out)})"
+            if left_out
+            else ""
+        )
     )
 
 
