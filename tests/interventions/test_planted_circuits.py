@@ -119,6 +119,32 @@ def test_ablation_baseline_is_the_interventions_ablation(setup, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_sae_feature_and_error_baselines_are_the_interventions_ablation(kind):
+    """The same for SAE nodes, on a tiny random model with SAEs spliced: a feature or error
+    term patched to its baseline in the spliced forward is the Intervener's ablation of it."""
+    from helpers.spliced import tiny_spliced
+
+    torch.set_num_threads(1)
+    model, saes, prompts = tiny_spliced(8, frozen=True)
+    iv = Intervener(model, prompts, kind, saes=saes)
+    runs = Runs(iv, [5])
+    _, sp = fast_scores(iv, [5], saes, "atp", 1, selection_half(prompts))
+    group = iv.groups[0]
+    batch = Batch(group.clean, group.corrupted, group.answer, group.distractor, group.rows)
+    ref = baseline(iv, sp, sp.acts(batch.clean), 0, np.arange(len(group.rows)), 5)
+    nodes = {}
+    for g in sp.groups:
+        if g.kind == "sae":
+            for f in range(4):
+                nodes[(g.name + ":feats", f)] = Node("feature", g.layer, f, g.site)
+            nodes[(g.name + ":error", 0)] = Node("error", g.layer, -1, g.site)
+    drops = attr.exact_batch(sp, batch, ref, list(nodes))
+    for at, node in nodes.items():
+        expect = runs.base.logit_diff[group.rows] - runs.get([node], 5).logit_diff[group.rows]
+        np.testing.assert_allclose(drops[at].numpy(), expect, atol=1e-4, err_msg=node.id)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_ablation_scores_agree_with_exact_ablation(setup, kind):
     """IG from the ablated activations to the clean ones: nodes that cannot move the metric
     score exactly 0, the necessary ones score above 0, and the ranking agrees with exact
@@ -157,6 +183,8 @@ def test_pruning_drops_zero_weight_heads_decoys_and_idle_nodes(setup, kind):
     assert set(out.removed) == {"head.1.0", "head.2.0"} and out.converged
     assert out.faithfulness == pytest.approx(1.0, abs=1e-6)
     assert out.runs <= out.bound_runs
+    capped = prune(runs, universe, start, selection_half(prompts), 0.8, max_nodes=7)
+    assert capped.skipped and capped.nodes == start and capped.removed == []
 
 
 @pytest.mark.parametrize("kind", KINDS)

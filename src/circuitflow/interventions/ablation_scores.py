@@ -34,6 +34,7 @@ from circuitflow.attribution import methods
 from circuitflow.attribution.scores import node_frame, validation
 from circuitflow.attribution.splice import Batch, Spliced
 from circuitflow.interventions.ablation import Intervener
+from circuitflow.interventions.config import EXACT_FEATURES
 from circuitflow.interventions.stats import Runs
 from circuitflow.nodes import Node
 
@@ -185,11 +186,13 @@ def ablation_scores(
     exact: list[Node] | None = None,
     threshold: float = 0.8,
     bypass_bos: bool = False,
+    exact_features: int = EXACT_FEATURES,
 ) -> AblationScores:
     """Score every node against the run's ablation with the fast `method`, and every node of
     `exact` (default: every node that is not an SAE feature, that is the components and error
-    terms) by its exact ablation, then validate the one against the other (`threshold`:
-    attribution.spearman_threshold's role)."""
+    terms, and the top `exact_features` features by |fast score|) by its exact ablation, then
+    validate the one against the other (`threshold`: attribution.spearman_threshold's
+    role)."""
     iv = runs.iv
     before = iv.counter.total()  # counted in the caller's part (the stage's `circuits`)
     frame, _ = fast_scores(iv, runs.seeds, saes, method, ig_steps, selection, bypass_bos)
@@ -197,6 +200,9 @@ def ablation_scores(
     nodes = [Node.parse(i) for i in frame["node"]]
     if exact is None:
         exact = [n for n in nodes if n.kind != "feature"]
+        feats = frame[frame["kind"] == "feature"]
+        top = feats[f"ablation_score_{method}"].abs().sort_values(ascending=False, kind="stable")
+        exact += [Node.parse(feats.loc[i, "node"]) for i in top.index[:exact_features]]
     effects = exact_effects(runs, exact, selection)
     col = f"ablation_score_{method}"
     frame["ablation_score_exact"] = [effects.get(n, (np.nan, np.nan))[0] for n in nodes]

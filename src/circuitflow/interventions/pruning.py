@@ -43,6 +43,7 @@ class Pruned:
     rounds: int = 0
     converged: bool = False  # a round removed nothing: every node left was tested at the end
     runs: int = 0  # ablated runs spent (each a forward pass of every prompt)
+    skipped: bool = False  # the start had more than max_nodes nodes: returned unpruned
     bound_runs: int = 0  # the bound on them: (3 max_rounds + 1) n + 2 runs a seed drawn
 
 
@@ -83,10 +84,13 @@ def prune(
     threshold: float,
     batch: int = 16,
     max_rounds: int = 4,
+    max_nodes: int | None = None,
 ) -> Pruned:
     """Prune `start` (ranked, most important first; a circuit faithful on the selection half)
     within the candidates `universe` (see the module). ValueError when `start` is not
-    faithful: pruning keeps a circuit at the threshold, it cannot make one."""
+    faithful: pruning keeps a circuit at the threshold, it cannot make one. A start of more
+    than `max_nodes` nodes comes back unpruned (`skipped`), so the cost stays bounded by
+    max_nodes whatever the candidates."""
     judge = Judge(runs, universe, np.flatnonzero(selection))
     n_runs = runs.n_runs
     circuit = list(start)
@@ -95,6 +99,9 @@ def prune(
     if not faith >= threshold:
         raise ValueError(f"pruning starts from a faithful circuit: {faith:.3f} < {threshold}")
     out = Pruned(circuit, list(start), faith, threshold)
+    if max_nodes is not None and len(start) > max_nodes:
+        out.skipped, out.runs = True, runs.n_runs - n_runs
+        return out
     per_set = len(runs.seeds) if runs.iv.kind == "resample" else 1  # stats.Runs caches
     out.bound_runs = ((3 * max_rounds + 1) * len(start) + 2) * per_set
 

@@ -33,6 +33,7 @@ class Circuits:
     component_curves: pd.DataFrame  # the curves over the components alone
     component_ranked: list  # the components by |ablation score| on the selection half
     views: Views | None = None  # the ablation and patching circuits, pruned
+    component_views: Views | None = None  # the same over the components alone (with features)
 
 
 def circuits(
@@ -77,9 +78,13 @@ def circuits(
             runs, comp_ranked, comp_curves, cfg, base_seed, selection
         )
     views = circuit_views(runs, attr, cfg, base_seed, selection, universe, scores)
+    comp_views = None
+    if features_as_nodes:
+        components = [node for node in universe if node.kind not in ("feature", "error")]
+        comp_views = circuit_views(runs, attr, cfg, base_seed, selection, components, scores)
     return Circuits(
         curves, ranked, size, smallest, features_as_nodes, selection, comp_curves.copy(),
-        comp_ranked, views,
+        comp_ranked, views, comp_views,
     )  # fmt: skip
 
 
@@ -137,7 +142,7 @@ def search(
     if smallest is not None:
         pruned = prune(
             runs, ranked, ranked[:smallest], selection, cfg.faithfulness_threshold,
-            batch=cfg.runs_per_pass, max_rounds=max_rounds,
+            batch=cfg.runs_per_pass, max_rounds=max_rounds, max_nodes=cfg.prune_max_nodes,
         )  # fmt: skip
         row = circ.circuit_curves(
             runs, ranked, [], cfg, base_seed, selection, named=pruned.nodes, controls=False,

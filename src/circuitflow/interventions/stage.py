@@ -173,8 +173,10 @@ def intervene(
         "ablation_scores": c.views.scores.frame.drop(columns=["key", "order"]),
         "circuit_views": pd.concat(
             [
-                v.curves.assign(view=v.view, judged_by=v.judged_by)
-                for v in (c.views.ablation, c.views.patching)
+                v.curves.assign(view=v.view, judged_by=v.judged_by, candidates=name)
+                for name, views in (("configured", c.views), ("components", c.component_views))
+                if views is not None
+                for v in (views.ablation, views.patching)
                 if v is not None
             ],
             ignore_index=True,

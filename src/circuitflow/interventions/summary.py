@@ -104,6 +104,12 @@ def summarise(
         "top_k_heads": [hd.head_label(*h) for h in top],
         "ablation_circuit": view_summary(c.views.ablation if c.views else None),
         "patching_circuit": view_summary(c.views.patching if c.views else None),
+        "component_ablation_circuit": view_summary(
+            (c.component_views or c.views).ablation if c.views else None
+        ),
+        "component_patching_circuit": view_summary(
+            (c.component_views or c.views).patching if c.views else None
+        ),
         "ablation_scores_validation": c.views.scores.validation if c.views else None,
         "inert_heads": [hd.head_label(*h) for h in heads.get("inert", [])],
         "no_difference_heads": [hd.head_label(*h) for h in heads.get("no_difference", [])],
@@ -162,6 +168,7 @@ def view_summary(view: Search | None) -> dict[str, Any] | None:
             "necessity": p.necessity,
             "rounds": p.rounds,
             "converged": p.converged,
+            "skipped": p.skipped,
             "runs": p.runs,
             "bound_runs": p.bound_runs,
         }
