@@ -446,7 +446,11 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
     table = pd.read_parquet(out / "component_circuits.parquet")
     controlled = {beside["size"]} if 0 < beside["size"] < beside["candidates"] else set()
     assert set(table[table["circuit"] == "random"]["n"]) == controlled
-    lead = behaviour_sections(adir, out)[0]
+    sections = behaviour_sections(adir, out)
+    views = next(body for title, body in sections if title.startswith("Two views of the circuit"))
+    for key in ("ablation_circuit", "patching_circuit"):
+        assert f"{summary[key]['cpr']:.3f}" in views and f"{summary[key]['cmd']:.3f}" in views
+    lead = sections[0]
     assert lead[0].startswith("Circuits, held out beside selection")
     assert f"{beside['faithfulness_heldout']:.3f}" in lead[1]
     assert f"{summary['faithfulness_heldout']:.3f}" in lead[1]
