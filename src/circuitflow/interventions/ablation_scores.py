@@ -130,11 +130,14 @@ def fast_scores(
     cfg = _MethodConfig(ig_steps)
     sums: dict[str, np.ndarray] = {}
     n_all, n_sel = 0, 0
+    dev = iv.device
     for seed in seeds:
         for g, group in enumerate(iv.groups):
-            for start in range(0, len(group.rows), iv.batch_size):
-                rows = np.arange(start, min(start + iv.batch_size, len(group.rows)))
-                dev = iv.device
+
+            def one(start: int, stop: int, g=g, group=group, seed=seed):
+                """Per key, the batch's scores summed over its prompts and over its selection
+                prompts [2, n_nodes] (float64 on the host), and its prompts' rows."""
+                rows = np.arange(start, stop)
                 batch = Batch(
                     group.clean[rows].to(dev),
                     group.corrupted[rows].to(dev),
@@ -142,16 +145,20 @@ def fast_scores(
                     group.distractor[rows].to(dev),
                     group.rows[rows],
                 )
-                clean = sp.acts(batch.clean)
-                ref = baseline(iv, sp, clean, g, rows, seed)
+                ref = baseline(iv, sp, sp.acts(batch.clean), g, rows, seed)
                 scores, *_ = record.score_batch(sp, batch, ref, cfg)
                 sel = torch.as_tensor(selection[group.rows[rows]], device=dev, dtype=torch.float64)
-                for key, v in scores.items():
-                    v = v.double()
-                    both = torch.stack([v.sum(0), sel @ v]).cpu().numpy()
+                return {
+                    k: torch.stack([v.double().sum(0), sel @ v.double()]).cpu().numpy()
+                    for k, v in scores.items()
+                }, group.rows[rows]
+
+            # Batches halve on running out of memory (memory.OOMBackoff), as every ablated run.
+            for batch_sums, rows in iv.backoff.chunks(len(group.rows), one):
+                for key, both in batch_sums.items():
                     sums[key] = sums[key] + both if key in sums else both
                 n_all += len(rows)
-                n_sel += int(selection[group.rows[rows]].sum())
+                n_sel += int(selection[rows].sum())
     col = f"ablation_score_{method}"
     columns = {
         col: {k: v[0] / max(n_all, 1) for k, v in sums.items()},
