@@ -245,9 +245,11 @@ def circuit_views_table(summary: dict) -> pd.DataFrame | None:
                 "CPR (held out)": _num(v.get("cpr")),
                 "CMD (held out)": _num(v.get("cmd")),
                 "pruned from": v.get("smallest_prefix"),
-                "pruning runs (bound)": f"{pruning.get('runs')} ({pruning.get('bound_runs')})"
-                if pruning
-                else "n/a",
+                "pruning runs (bound)": "n/a"
+                if not pruning
+                else "skipped: above prune_max_nodes"
+                if pruning.get("skipped")
+                else f"{pruning.get('runs')} ({pruning.get('bound_runs')})",
             }
         )
     return pd.DataFrame(rows)
