@@ -146,7 +146,8 @@ def test_outputs_have_their_schemas(setup):
 
 @pytest.mark.parametrize("behaviour", ["induction", "facts"])
 def test_inert_heads_and_flags(setup, behaviour):
-    """The pruned heads (W_O = 0) are named inert and left out of the top heads, so the pairs
+    """The pruned heads (W_O = 0) are inert and carry no difference, and are left out of the
+    top heads, so the pairs
     and triplets are those of the live heads (before: 10 pairs and triplets among 5 heads, 2 of
     them pruned, mostly the live sets again); every random control that reaches its circuit's
     value and every faithfulness under the threshold is flagged, and nothing else."""
@@ -160,7 +161,8 @@ def test_inert_heads_and_flags(setup, behaviour):
         for head in range(model.cfg.n_heads)
         if block.attn.W_O[head].abs().sum() == 0
     ]
-    assert len(pruned) == 5 and s["inert_heads"] == pruned
+    assert len(pruned) == 5 and s["left_out_heads"] == pruned
+    assert set(pruned) <= set(s["inert_heads"]) and set(pruned) <= set(s["no_difference_heads"])
     assert len(s["top_k_heads"]) == 3 and not set(s["top_k_heads"]) & set(pruned)
     assert not {f"L{h['layer']}H{h['head']}" for h in s["top_heads"]} & set(pruned)
     sets = pd.read_parquet(results / "interventions" / behaviour / "head_sets.parquet")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from circuitflow.description import Run, describe
+from circuitflow.interventions.config import EXACT_FEATURES
 from circuitflow.memory import estimate_forward, load_bytes, model_dtype_name
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
@@ -43,6 +44,26 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
         # random controls at the size it finds only.
         grid, bisection = search(components)
         circuits += seeds * (2 * grid + 2 * bisection + 1) + 2 * random
+    # The circuits' two views (selection.circuits): the scores against the run's ablation (a
+    # forward for the shapes and the method's passes, per seed drawn; a forward a hook for the
+    # references; each node but the SAE features ablated alone), then each view's search
+    # (grid, bisection: the ablation view's are the curves' above again, cached, but bounded
+    # here all the same) and pruning (pruning.Pruned.bound_runs, the prefix bounded by every
+    # candidate and by prune_max_nodes), the patching view's clean run.
+    method = 4.0 if icfg.circuit_scores == "atp" else 2.0 + 3.0 * icfg.circuit_ig_steps
+    hooks = 1 + 2 * layers + n_saes
+    exact = components + n_saes + (EXACT_FEATURES if n_saes else 0)
+    circuits += seeds * method + hooks + seeds * exact
+
+    def views(candidates: int) -> float:
+        """Both views' searches and pruning over `candidates`, and the patching clean run."""
+        grid, bisection = search(candidates)
+        pruning = (3 * icfg.prune_rounds + 1) * min(candidates, icfg.prune_max_nodes) + 2
+        return 1 + 2 * seeds * (2 * grid + 2 * bisection + 1 + pruning)
+
+    circuits += views(components + n_saes * (d_sae + 1))
+    if n_saes and icfg.circuit_nodes == "features":
+        circuits += views(components)  # the same over the components alone
     sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
                for k in range(2, icfg.max_set_size + 1))  # fmt: skip
     parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
