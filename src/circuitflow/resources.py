@@ -90,7 +90,7 @@ RULES = {
     "prompts": Rule("cpu", "model", imports_embedded="tokenizer"),  # a real model's tokenizer
     "baseline": Rule("gpu", "model", baseline_plan),
     "provenance": Rule("cpu", "base"),
-    "capture_tokens": Rule("cpu", "model", capture_plan, imports_embedded="base"),
+    "capture_tokens": Rule("cpu", "model", capture_plan, imports_embedded="arrays"),
     "capture": Rule("gpu", "model", capture_plan, resumable=True),
     "capture_shard": Rule("gpu", "model", capture_plan, resumable=True),
     "merge_capture": Rule("cpu", "base"),
@@ -111,15 +111,15 @@ RULES = {
     "interventions": Rule("gpu", "model", interventions_plan),
     "interventions_across": Rule("light", "report"),
     "sae_summary": Rule("light", "report"),
-    "report_baseline": Rule("light", "report"),
+    "report_baseline": Rule("light", "pages"),
     "report_behaviour": Rule("light", "report"),
-    "report_provenance": Rule("light", "report"),
+    "report_provenance": Rule("light", "pages"),
     # the feature browser: a page per dictionary (grows with its features), and their index
-    "report_features_dictionary": Rule("light", "report", browser_plan),
-    "report_features": Rule("light", "report"),
-    "report_gpu_hours": Rule("light", "report"),  # plans real models from their shapes alone
+    "report_features_dictionary": Rule("light", "pages", browser_plan),
+    "report_features": Rule("light", "pages"),
+    "report_gpu_hours": Rule("light", "pages"),  # plans real models from their shapes alone
     "provenance_run": Rule("light", "config", provenance),  # stdlib and the distributions
-    "job_costs": Rule("light", "report"),
+    "job_costs": Rule("light", "costs"),
 }
 GPU_RULES = frozenset(name for name, rule in RULES.items() if CLASSES[rule.resource_class].gpu)
 # Rules the workflow defines once per group of layers, each named `<rule>_<group>`: the grouped

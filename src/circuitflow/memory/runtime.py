@@ -3,10 +3,10 @@
 conversion copies when it loads. The rule table (circuitflow.resources) adds each job's work.
 
 Every stage script imports circuitflow.config (yaml) and torch (numpy): `base`, torch named
-because circuitflow.config no longer imports it (planning stays light); the report's pages
-and the interventions_across table import pandas, matplotlib and pyarrow but no torch (its
-import is seconds of CPU a job; tests/workflow/test_light_jobs.py checks the real jobs):
-`report`; the model stages add
+because circuitflow.config no longer imports it (planning stays light); the report's jobs
+import no torch (its import is seconds of CPU a job; tests/workflow/test_light_jobs.py checks
+the real jobs): those that draw figures pandas, matplotlib and pyarrow (`report`), the pages
+and tables alone pandas and pyarrow (`pages`); the model stages add
 TransformerLens and SAELens (transformers, datasets, h5py): `model`; a job that imports
 circuitflow.config and the standard library alone (provenance_run): `config`; the embedded
 model's token sets without torch (held_out_tokens): `arrays`; its prompts, which read its
@@ -30,12 +30,16 @@ RUNTIME_MODULES = {
     "tokenizer": ("circuitflow.config", "pandas", "pyarrow.parquet",
                   "transformers.tokenization_utils_fast"),  # the embedded model's prompts
     "base": ("circuitflow.config", "torch"),
+    "pages": ("circuitflow.config", "pandas", "pyarrow.parquet"),  # pages and tables alone
     "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    # job_costs: the same libraries; its figure of every job's costs peaks higher (measured
+    # 191 MiB in the default run, against 150 for the report's other figures).
+    "costs": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
-RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 180, "base": 272, "report": 180,
-              "model": 625}  # fmt: skip
+RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 180, "base": 272, "pages": 125,
+              "report": 150, "costs": 190, "model": 625}  # fmt: skip
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
