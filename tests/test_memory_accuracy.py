@@ -130,7 +130,7 @@ def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
 
     config = cf_config.resolve(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     bench = default_results / "benchmarks"
-    checked, off = set(), []
+    checked, off, short = set(), [], []
     for path in sorted(bench.rglob("*.tsv")):
         rule = _job_rule(path, bench)
         measured = _job_peak_mb(path, default_results)
@@ -146,7 +146,10 @@ def test_every_default_job_plan_within_25_percent_of_its_peak(default_results):
                 f"{path.relative_to(bench)}: planned {planned:.0f} MB, max_rss {measured:.0f}"
             )
         requested = resources.mem_mb(config | {"device": "cpu"}, rule, 1, job)
-        assert requested >= measured, (rule, requested, measured)
-    assert not off, "\n".join(off)
+        if requested < measured:
+            name = path.relative_to(bench)
+            short.append(f"{name}: requested {requested} MB, max_rss {measured:.0f}")
+    # Every job's figures at once: a run's jobs are checked together, not to the first miss.
+    assert not short and not off, "\n".join(["requested below the peak:", *short, "off:", *off])
     assert {"train_model", "baseline", "capture", "train_sae", "attribution", "interventions",
             "job_costs"} <= checked  # fmt: skip

@@ -109,8 +109,9 @@ RULES = {
     "attribution": Rule("gpu", "model", attribution_plan),
     "prompt_graphs": Rule("gpu", "model", prompt_graphs_plan),  # sae.kind transcoder
     "interventions": Rule("gpu", "model", interventions_plan),
-    "interventions_across": Rule("light", "report"),
-    "sae_summary": Rule("light", "report"),
+    # figures of every behaviour or dictionary at once: they peak as job_costs's does
+    "interventions_across": Rule("light", "costs"),
+    "sae_summary": Rule("light", "costs"),
     "report_baseline": Rule("light", "pages"),
     "report_behaviour": Rule("light", "report"),
     "report_provenance": Rule("light", "pages"),

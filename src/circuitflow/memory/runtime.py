@@ -33,13 +33,17 @@ RUNTIME_MODULES = {
     "pages": ("circuitflow.config", "pandas", "pyarrow.parquet"),  # pages and tables alone
     "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     # job_costs: the same libraries; its figure of every job's costs peaks higher (measured
-    # 191 MiB in the default run, against 150 for the report's other figures).
+    # 191 MiB in the default run, against 160 for the report's other figures), as do the
+    # figures across behaviours (interventions_across: 177, 204 in CI) and dictionaries
+    # (sae_summary: 171).
     "costs": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
-RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 180, "base": 272, "pages": 125,
-              "report": 150, "costs": 190, "model": 625}  # fmt: skip
+# pages and report: CI's fresh install measured 146 and at most 158 MiB, this machine's aged
+# one 108 and 137.
+RUNTIME_MB = {"config": 16, "arrays": 39, "tokenizer": 180, "base": 272, "pages": 145,
+              "report": 160, "costs": 190, "model": 625}  # fmt: skip
 # A job on a GPU also maps the CUDA runtime, cuBLAS and cuDNN into its host memory (and their
 # lazily loaded kernels). Not measured here (no GPU on the machine that calibrated the rest):
 # PyTorch's CUDA context commonly costs 1-3 GB of host memory; 2 GiB is planned.
