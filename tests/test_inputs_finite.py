@@ -8,6 +8,9 @@ import torch
 from safetensors.torch import save_file
 
 from circuitflow import inputs
+from circuitflow.errors import ConfigError
+from circuitflow.model import checkpoint
+from circuitflow.sae import cross_layer_files
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e5m2,
           torch.float8_e4m3fn]  # fmt: skip
@@ -45,5 +48,11 @@ def test_a_truncated_file_is_refused_naming_it(tmp_path):
     path = tmp_path / "w.safetensors"
     save_file({"w": torch.zeros(1000)}, path)
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(inputs.InputError, match=r"w\.safetensors: tensor 'w' runs past the end"):
+    truncated = r"w\.safetensors: not a readable safetensors file \(tensor 'w' runs past the end"
+    with pytest.raises(inputs.InputError, match=truncated):
         inputs.nonfinite(path)
+    # the checkpoint shapes and the cross-layer files read the same header
+    with pytest.raises(ConfigError, match=truncated):
+        checkpoint.weight_shapes(path)
+    with pytest.raises(inputs.InputError, match=truncated):
+        cross_layer_files.header(path)

@@ -99,6 +99,36 @@ def safetensors_shapes(path: Path | str, stage: str | None = None) -> dict[str, 
         return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
 
 
+def safetensors_header(
+    path: Path | str, error: type[ValueError] = InputError
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """The tensors the header of safetensors file `path` lists (8 bytes of length, then JSON;
+    `__metadata__` left out), each with its dtype, shape and data_offsets, and the offset where
+    their data starts; read without the tensors or torch. A header that does not fit the file,
+    or a tensor whose bytes run past its end (a truncated file), is refused with `error` in one
+    line naming the file (and the tensor). The one home of the format's header: the checkpoint
+    and finite-weight checks and the cross-layer transcoder files read it here."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= size - 8:
+                raise ValueError(f"header length {n} does not fit the file")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        for name, entry in entries.items():
+            begin, end = (int(o) for o in entry["data_offsets"])
+            entry["shape"] = [int(d) for d in entry["shape"]]
+            if not 0 <= begin <= end or 8 + n + end > size:
+                raise ValueError(f"tensor {name!r} runs past the end of the file (truncated?)")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise error(f"{path}: not a readable safetensors file ({err})") from None
+    return entries, 8 + n
+
+
 def safetensors_file(path: Path | str, stage: str | None = None):
     """Every tensor of the safetensors file `path` (CPU), refusing a damaged file."""
     from safetensors.torch import load_file
@@ -137,19 +167,8 @@ def nonfinite(path: Path | str, skip=None) -> tuple[str, int, int] | None:
     import numpy as np
 
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size <= path.stat().st_size - 8:
-                raise ValueError(f"header length {size} does not fit the file")
-            header = json.loads(f.read(size))
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
-    entries = sorted(
-        ((k, v) for k, v in header.items() if k != "__metadata__"),
-        key=lambda kv: kv[1]["data_offsets"][0],
-    )
-    start = 8 + size
+    header, start = safetensors_header(path)
+    entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
     data = np.memmap(path, dtype=np.uint8, mode="r") if entries else None
     for name, entry in entries:
         bits = FLOAT_BITS.get(entry["dtype"])
@@ -158,8 +177,6 @@ def nonfinite(path: Path | str, skip=None) -> tuple[str, int, int] | None:
         view, exponent, mantissa = bits
         itemsize = np.dtype(view).itemsize
         begin, end = (start + int(o) for o in entry["data_offsets"])
-        if end > len(data):
-            raise InputError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
         step = max(itemsize, FINITE_CHUNK_BYTES // itemsize * itemsize)
         nan = inf = 0
         for at in range(begin, end, step):

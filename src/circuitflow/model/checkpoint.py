@@ -16,7 +16,6 @@ vocabulary, a tensor whose shape the config does not give. `load` builds the Hoo
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,18 +68,10 @@ def read_fields(model_dir: Path | str) -> dict[str, Any]:
 
 
 def weight_shapes(path: Path | str) -> dict[str, list[int]]:
-    """Each tensor's shape from the safetensors header (8 bytes of length, then JSON), without
-    reading the tensors or importing torch."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size <= path.stat().st_size - 8:
-                raise ValueError(f"header length {size} does not fit the file")
-            header = json.loads(f.read(size))
-        return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{path}: not a readable safetensors file ({err})") from None
+    """Each tensor's shape from the safetensors header, without reading the tensors or
+    importing torch."""
+    header, _ = inputs.safetensors_header(path, ConfigError)
+    return {name: entry["shape"] for name, entry in header.items()}
 
 
 def shape(model_dir: Path | str) -> SimpleNamespace:

@@ -28,10 +28,8 @@ level: the plan and the header checks run where planning does.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from circuitflow import inputs
 from circuitflow.errors import InputError
 from circuitflow.nodes import mlp_input
 
@@ -113,31 +112,22 @@ class Stored:
 
 
 def header(path: Path) -> dict[str, Stored]:
-    """The tensors of safetensors file `path` from its header alone (8 bytes of length, then
-    JSON), each one's bytes checked to lie inside the file. InputError naming the file."""
+    """The tensors of safetensors file `path` from its header alone (inputs.safetensors_header:
+    each one's bytes checked to lie inside the file), with their sizes checked against their
+    dtypes and shapes. InputError naming the file."""
     if not path.is_file():
         raise InputError(f"{path}: missing")
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > size - 8:
-                raise ValueError(f"header of {n} bytes in a file of {size}")
-            entries = json.loads(f.read(n))
-        out = {}
-        for key, e in entries.items():
-            if key == "__metadata__":
-                continue
-            if e["dtype"] not in DTYPES:
-                raise ValueError(f"{key}: dtype {e['dtype']} unknown")
-            t = Stored(path, key, tuple(int(d) for d in e["shape"]), DTYPES[e["dtype"]][0])
-            start, end = e["data_offsets"]
-            if end - start != t.nbytes or 8 + n + end > size:
-                raise ValueError(f"{key}: its bytes do not lie in the file (truncated?)")
-            out[key] = t
-        return out
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as err:
-        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
+    out = {}
+    for key, e in inputs.safetensors_header(path)[0].items():
+        bad = f"{path}: not a readable safetensors file ({key}: "
+        if e["dtype"] not in DTYPES:
+            raise InputError(f"{bad}dtype {e['dtype']} unknown)")
+        t = Stored(path, key, tuple(e["shape"]), DTYPES[e["dtype"]][0])
+        start, end = e["data_offsets"]
+        if end - start != t.nbytes:
+            raise InputError(f"{bad}{end - start} bytes for shape {list(t.shape)})")
+        out[key] = t
+    return out
 
 
 # --- a set on disk --------------------------------------------------------------------------------
