@@ -100,6 +100,47 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.xdist_group(module))
 
 
+# CIRCUITFLOW_TEST_CPU=<file>: each test phase's CPU seconds (this worker's and those of the
+# processes it waited for: Snakemake and its jobs) appended to <file>, one JSON line a phase
+# (summed by benchmarks/suite_cpu.py). --durations gives wall time, which on a loaded machine says
+# more about the neighbours than about the test; CPU says what a test costs the suite.
+CPU_LOG = os.environ.get("CIRCUITFLOW_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, waited = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+
+if CPU_LOG:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(item):
+        yield from _logged(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        yield from _logged(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(item):
+        yield from _logged(item, "teardown")
+
+
+def _logged(item, when: str):
+    import json
+    import time
+
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "when": when, "cpu_s": round(_cpu_seconds() - cpu, 2),
+            "wall_s": round(time.monotonic() - wall, 2)}  # fmt: skip
+    with open(CPU_LOG, "a") as f:  # one short write a line: workers append safely
+        f.write(json.dumps(line) + "\n")
+
+
 def shared_run(name: str, tmp_path_factory, worker_id: str, run: Callable[[Path], None]) -> Path:
     """`run(workdir)` once per test session, whichever xdist worker asks first; the others
     wait for it (a lock in the session's temporary root, which every worker shares) and read
