@@ -5,6 +5,7 @@ plans every job's memory and walltime. torch alone is about a second of CPU ther
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,22 @@ def test_planning_every_job_imports_no_heavy_library():
         resources.threads(cfg, "attribution", cl), None,
     ]  # fmt: skip
     assert {key.split()[1] for key in out["planned"]} == set(resources.RULES)
+
+
+def test_a_release_not_yet_fetched_is_checked_without_saelens(tmp_path):
+    """A config of releases SAELens converts (Gemma Scope 2's transcoders), resolved before
+    prefetch_saes has fetched anything: the checks read nothing, so SAELens and torch stay
+    unimported (they cost a Snakemake process 15 CPU-s), and the views wait for the prefetch."""
+    code = (
+        "import sys\n"
+        "from circuitflow import config, published\n"
+        f"cfg = config.load({str(REPO / 'config' / 'gemma-3-270m-transcoders.yaml')!r})\n"
+        "views = [published.view_of(d) for d in published.dictionaries(cfg)]\n"
+        "print(len(views), sum(v is None for v in views),"
+        " [m for m in ('sae_lens', 'torch') if m in sys.modules])\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    n, unseen, heavy = done.stdout.split(maxsplit=2)
+    assert int(n) > 0 and unseen == n and heavy.strip() == "[]", done.stdout

@@ -391,6 +391,11 @@ def converted_view(d: Dictionary, hf_cache: str | None = None) -> dict[str, Any]
     rel = resolve_release(d.release, d.sae_id)
     if rel.conversion_func not in CONVERSIONS:
         return None
+    # Nothing of the repository cached (before prefetch_saes, e.g. a login node's first dry
+    # run): the conversion could read nothing, so SAELens (and torch: 15 CPU-s of imports
+    # in every Snakemake process) is not imported to find that out.
+    if cached_revision(rel.repo_id, hf_cache) is None:
+        return None
     try:
         cfg = converted_cfg(rel.conversion_func, rel.repo_id, rel.folder, None,
                             str(hub_cache_dir(hf_cache)))  # fmt: skip
