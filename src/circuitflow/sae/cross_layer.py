@@ -3,7 +3,7 @@ each source layer i a decoder writing to the MLP output of layer i and of every 
 (Ameisen et al. 2025; circuit-tracer 0.5.0's `CrossLayerTranscoder`, whose tensors and maths
 these are). `load_clt` and `save_clt` read and write them; the layouts (circuit-tracer's and
 Gemma Scope 2's) and their checks are `sae.cross_layer_files`, the memory plan
-`sae.cross_layer_plan`.
+`sae.cross_layer_plan`, training them `sae.cross_layer_train`.
 
 Shapes, as circuit-tracer holds them (L layers, F features a layer, D = d_model):
 `W_enc` [L, F, D], `b_enc` [L, F], `b_dec` [L, D], `W_dec[i]` [F, L - i, D] (entry t - i is

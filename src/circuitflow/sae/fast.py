@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import TrainStepOutput
 from sae_lens.training.optim import get_lr_scheduler
 
+from circuitflow.sae.auxk import aux_size
 from circuitflow.sae.trainer import ControlledSAETrainer
 from circuitflow.sae.transcoder import split
 
@@ -230,13 +231,6 @@ class SparseStep:
     losses: dict[str, torch.Tensor]
     sae_out: torch.Tensor
     main: Selection  # the TopK / BatchTopK latents (the SAE's activations)
-
-
-def aux_size(d_in: int, n_dead: int) -> tuple[int, float]:
-    """SAELens's AuxK size and scale: k_aux = d_in // 2 dead latents per token (Gao et al.,
-    appendix B.1), the loss scaled down while fewer latents than that are dead."""
-    k_aux = d_in // 2
-    return min(k_aux, n_dead), min(n_dead / k_aux, 1.0)
 
 
 def sparse_forward(
