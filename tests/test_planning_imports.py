@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from helpers.dag import REPO
 
@@ -81,14 +82,17 @@ def test_planning_every_job_imports_no_heavy_library():
     assert {key.split()[1] for key in out["planned"]} == set(resources.RULES)
 
 
-def test_a_release_not_yet_fetched_is_checked_without_saelens(tmp_path):
-    """A config of releases SAELens converts (Gemma Scope 2's transcoders), resolved before
-    prefetch_saes has fetched anything: the checks read nothing, so SAELens and torch stay
-    unimported (they cost a Snakemake process 15 CPU-s), and the views wait for the prefetch."""
+@pytest.mark.parametrize("name", ["gemma-3-270m-transcoders", "qwen3-0.6b-transcoders"])
+def test_a_release_not_yet_fetched_is_checked_without_saelens(name, tmp_path):
+    """A config of releases SAELens converts (Gemma Scope 2's and Qwen3's transcoders),
+    resolved before prefetch_saes has fetched anything: the checks read nothing, so SAELens
+    and torch stay unimported (they cost a Snakemake process 15 CPU-s; Qwen3's releases name
+    their model by a TransformerLens alias, read from its table alone), and the views wait
+    for the prefetch."""
     code = (
         "import sys\n"
         "from circuitflow import config, published\n"
-        f"cfg = config.load({str(REPO / 'config' / 'gemma-3-270m-transcoders.yaml')!r})\n"
+        f"cfg = config.load({str(REPO / 'config' / f'{name}.yaml')!r})\n"
         "views = [published.view_of(d) for d in published.dictionaries(cfg)]\n"
         "print(len(views), sum(v is None for v in views),"
         " [m for m in ('sae_lens', 'torch') if m in sys.modules])\n"

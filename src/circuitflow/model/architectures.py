@@ -11,6 +11,7 @@ embedding is untied there too).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,37 @@ MODEL_NAMES = {
 def architecture_key(model_name: str) -> str | None:
     """The architecture key of a config's `model.name`, or None for other models."""
     return MODEL_NAMES.get(str(model_name).lower())
+
+
+def official_name(model_name: str) -> str | None:
+    """TransformerLens's official name for `model_name` (a hub name or one of its aliases,
+    any case), or None where it has none: get_official_model_name's answer, from the same
+    table (transformer_lens/supported_models.py, data alone) read without importing
+    TransformerLens, which would cost every Snakemake process of such a config about 10 s of
+    CPU just to compare two names (tests/model check it against TransformerLens's own)."""
+    return _alias_map().get(str(model_name).lower())
+
+
+@functools.cache
+def _alias_map() -> dict[str, str]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformer_lens")  # finds the package, runs nothing
+    folder = spec.submodule_search_locations if spec else None
+    table = Path(next(iter(folder))) / "supported_models.py" if folder else None
+    if table is None or not table.is_file():  # another layout: the package's own import
+        from transformer_lens import supported_models as module
+    else:
+        loaded = importlib.util.spec_from_file_location("_tl_supported_models", table)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    # make_model_alias_map's map: each alias, and the name itself, to the official name
+    out = {}
+    for name in module.OFFICIAL_MODEL_NAMES:
+        for alias in module.MODEL_ALIASES.get(name, []):
+            out[alias.lower()] = name
+        out[name.lower()] = name
+    return out
 
 
 def config(name: str, **overrides: Any):

@@ -174,20 +174,16 @@ class RunModel:
 
 def same_model(a: str, b: str) -> bool:
     """Whether hub or TransformerLens names `a` and `b` name one model (aliases: gpt2-small and
-    gpt2; TransformerLens is imported only where circuitflow's own table cannot tell)."""
+    gpt2), by circuitflow's own table, else TransformerLens's (architectures.official_name)."""
     if a == b:
         return True
-    from circuitflow.model.architectures import architecture_key
+    from circuitflow.model.architectures import architecture_key, official_name
 
     key = architecture_key(a)
     if key is not None and key == architecture_key(b):
         return True
-    try:
-        from transformer_lens.loading_from_pretrained import get_official_model_name
-
-        return get_official_model_name(a) == get_official_model_name(b)
-    except ValueError:  # not a TransformerLens name
-        return False
+    official = official_name(a)
+    return official is not None and official == official_name(b)
 
 
 # --- a published transcoder's input against site mlp_in ------------------------------------------
