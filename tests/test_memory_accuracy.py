@@ -100,11 +100,14 @@ def test_runtime_constants_match_a_fresh_interpreter():
     """RUNTIME_MB (the libraries a job imports) is measured, not guessed: re-measure it."""
     from circuitflow import memory
 
+    off = []
     for kind in memory.RUNTIME_MODULES:
         measured = memory.measure_runtime_bytes(kind) / memory.MiB
         # Upper values (a fresh install's): aged page-cache state measures up to ~25% less
         # (transformers' many small files: 134 against 178 MiB).
-        assert 0.95 <= memory.RUNTIME_MB[kind] / measured <= 1.4, (kind, measured)
+        if not 0.95 <= memory.RUNTIME_MB[kind] / measured <= 1.4:
+            off.append(f"{kind}: planned {memory.RUNTIME_MB[kind]} MiB, measured {measured:.0f}")
+    assert not off, "\n".join(off)  # every kind at once: CI's first miss hid the later ones
 
 
 def test_a_job_peak_does_not_inherit_its_parents():
