@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from circuitflow.memory.probes import MiB
 
+FIGURES = ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet")
 RUNTIME_MODULES = {
     "config": ("circuitflow.config",),
     "arrays": ("circuitflow.config", "numpy", "circuitflow.io"),  # token sets without torch
@@ -31,12 +32,12 @@ RUNTIME_MODULES = {
                   "transformers.tokenization_utils_fast"),  # the embedded model's prompts
     "base": ("circuitflow.config", "torch"),
     "pages": ("circuitflow.config", "pandas", "pyarrow.parquet"),  # pages and tables alone
-    "report": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    "report": FIGURES,
     # job_costs: the same libraries; its figure of every job's costs peaks higher (measured
-    # 191 MiB in the default run, against 160 for the report's other figures), as do the
+    # 191 MiB in the default run, against 175 for the report's other figures), as do the
     # figures across behaviours (interventions_across: 177, 204 in CI) and dictionaries
     # (sae_summary: 171).
-    "costs": ("circuitflow.config", "pandas", "matplotlib.pyplot", "pyarrow.parquet"),
+    "costs": FIGURES,
     "model": ("circuitflow.config", "torch", "transformer_lens", "sae_lens", "h5py", "pandas",
               "matplotlib.pyplot", "pyarrow.parquet"),
 }  # fmt: skip
