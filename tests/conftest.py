@@ -101,17 +101,22 @@ def pytest_itemcollected(item):
 
 
 # CIRCUITFLOW_TEST_CPU=<file>: each test phase's CPU seconds (this worker's and those of the
-# processes it waited for: Snakemake and its jobs) appended to <file>, one JSON line a phase
-# (summed by benchmarks/suite_cpu.py). --durations gives wall time, which on a loaded machine says
-# more about the neighbours than about the test; CPU says what a test costs the suite.
+# processes it waited for: Snakemake and its jobs, forked ones too) appended to <file>, one JSON
+# line a phase (summed by benchmarks/suite_cpu.py). --durations gives wall time, which on a loaded
+# machine says more about the neighbours than about the test; CPU says what a test costs the
+# suite.
 CPU_LOG = os.environ.get("CIRCUITFLOW_TEST_CPU")
 
 
 def _cpu_seconds() -> float:
     import resource
 
+    from helpers.dag import prefork_cpu_seconds
+
     own, waited = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+    # Jobs forked from the warm interpreter (helpers.dag.prefork_socket) are its children.
+    forked = prefork_cpu_seconds()
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime + forked
 
 
 if CPU_LOG:
@@ -210,7 +215,7 @@ def small_results(tmp_path_factory, worker_id) -> Path:
         return Path(reuse)
     config = load_test_config("small")
     return shared_run("small-run", tmp_path_factory, worker_id,
-                      lambda workdir: run_snakemake(config, workdir, nice=0))  # fmt: skip
+                      lambda w: run_snakemake(config, w, nice=0, prefork=True))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -245,7 +250,7 @@ def local_hf_results(tiny_hf_model_dir, tmp_path_factory, worker_id) -> Path:
             for site in ("resid_post", "mlp_out")
             for layer in (0, 1)
         ]
-        done = run_snakemake(config, workdir, *map(str, targets))
+        done = run_snakemake(config, workdir, *map(str, targets), prefork=True)
         (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
 
     return shared_run("local-hf-run", tmp_path_factory, worker_id, run)
@@ -284,7 +289,8 @@ def published_results(tiny_qwen3_dir, tmp_path_factory, worker_id) -> Path:
                    for name in ("prompt_graphs", "prompt_graphs.html")]  # fmt: skip
         targets.append(results / "saes" / "replacement.json")
         config = published_config(tiny_qwen3_dir, release)
-        done = run_snakemake(config, workdir, *map(str, targets), env={"HF_HUB_OFFLINE": "1"})
+        done = run_snakemake(config, workdir, *map(str, targets), env={"HF_HUB_OFFLINE": "1"},
+                             prefork=True)  # fmt: skip
         (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
 
     return shared_run("published-run", tmp_path_factory, worker_id, run)
@@ -318,6 +324,6 @@ def tiny_model(tmp_path_factory, worker_id) -> Path:
 
     def run(workdir: Path) -> None:
         run_snakemake(load_test_config("tiny"), workdir,
-                      str(workdir / "results" / "model" / "model.json"))  # fmt: skip
+                      str(workdir / "results" / "model" / "model.json"), prefork=True)  # fmt: skip
 
     return shared_run("tiny-model", tmp_path_factory, worker_id, run)

@@ -32,7 +32,7 @@ def test_bfloat16_model_measures_in_float32(small_results, tmp_path):
         bf16 / "saes" / "resid_post" / "layer_1",
         bf16 / "attribution" / "induction" / "heads.parquet",
     ]
-    done = run_snakemake(config, tmp_path, *map(str, targets))
+    done = run_snakemake(config, tmp_path, *map(str, targets), prefork=True)
     assert "rule train_model:" not in done.stdout + done.stderr
     ours = read_json(bf16 / "saes" / "resid_post" / "layer_1" / "metrics.json")
     ref = read_json(small_results / "saes" / "resid_post" / "layer_1" / "metrics.json")

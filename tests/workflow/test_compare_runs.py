@@ -30,7 +30,7 @@ def test_changed_seed_differs(small_results, tmp_path):
     run_a = small_results
     # A changed seed changes the model, hence the baseline: that part of the DAG is enough.
     target = tmp_path / "c" / "results" / "baseline" / "induction.json"
-    run_snakemake(small | {"seed": 1}, tmp_path / "c", str(target))
+    run_snakemake(small | {"seed": 1}, tmp_path / "c", str(target), prefork=True)
     run_c = tmp_path / "c" / "results"
     metrics = collect(run_a)
     for key in (

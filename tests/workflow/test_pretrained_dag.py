@@ -63,7 +63,7 @@ def local_run(tmp_path_factory, tiny_model):
     targets = [results / "interventions" / "induction" / "summary.json"]
     targets += [results / "report" / "sae_metrics.csv"]
     targets += [results / "provenance" / "config.resolved.yaml"]
-    done = run_snakemake(config, root, *map(str, targets))
+    done = run_snakemake(config, root, *map(str, targets), prefork=True)
     return results, saes, done, config
 
 
@@ -133,7 +133,7 @@ def test_a_release_is_prefetched_by_a_localrule_and_loaded_offline(tiny_model, t
     targets = [
         str(tmp_path / "results" / "saes" / "resid_pre" / f"layer_{layer}") for layer in saes
     ]
-    done = run_snakemake(config, tmp_path, *targets, env={"HF_HUB_OFFLINE": "1"})
+    done = run_snakemake(config, tmp_path, *targets, env={"HF_HUB_OFFLINE": "1"}, prefork=True)
     jobs = done.stdout + done.stderr
     assert "localrule prefetch_saes:" in jobs and jobs.count("rule pretrained_sae_") == 2
     assert "rule train_model:" not in jobs

@@ -71,7 +71,7 @@ def run_shape(shape: str, ckpt, workdir) -> dict:
         targets.append(results / "attribution" / "previous" / "prompt_graphs")
     # One core: the jobs run one after another anyway, and one thread each spins no OpenMP
     # threads on cores the suite's other workers need.
-    done = run_snakemake(config, workdir, "--cores", "1", *map(str, targets))
+    done = run_snakemake(config, workdir, "--cores", "1", *map(str, targets), prefork=True)
     (workdir / "snakemake.log").write_text(done.stdout + done.stderr)
     return {"results": results, "ckpt": ckpt, "model": tl.build(shape)}
 

@@ -149,4 +149,4 @@ elif READS_ACTIVATION_FILES:
         resources:
             **job_resources("merge_capture"),
         shell:
-            stage("capture") + " merge --out {output} {input} 2> {log}"
+            stage("capture", light=True) + " merge --out {output} {input} 2> {log}"

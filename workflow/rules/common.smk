@@ -1,5 +1,6 @@
 # Helpers shared by the rules: the validated config, layer lists, behaviours and output paths.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from circuitflow import config as cf_config
 from circuitflow import dictionary_sources as cf_sources
 from circuitflow import fit as cf_fit
 from circuitflow import nodes as cf_nodes
+from circuitflow import prefork as cf_prefork
 from circuitflow import resources as cf_resources
 from circuitflow import sites as cf_sites
 from circuitflow.features import config as cf_features_config
@@ -137,12 +139,18 @@ def stream_config_json(part):
     return json_param(cfg)
 
 
-def stage(name, online=False):
+# A warm interpreter's socket (circuitflow.prefork: the test suite's runs), or None.
+PREFORK = os.environ.get(cf_prefork.ENV)
+
+
+def stage(name, online=False, light=False):
     """The command line that runs stage script `scripts/<name>.py`. src/ is prepended to
     PYTHONPATH (the caller's entries kept: a module loaded on CSD3 often sets it) so the rules
     also work in the conda environment of envs/; stage jobs never reach the Hugging Face hub
     (weights were pre-fetched by a localrule on a machine with internet). Torch gets exactly the
-    job's threads: oversubscribed OpenMP threads spin and slow every job ~10x.
+    job's threads: oversubscribed OpenMP threads spin and slow every job ~10x. With PREFORK set,
+    a job that loads a model (not `light`) is forked from that warm interpreter, unless it goes
+    online or sets HF_HOME (both read when the libraries are imported).
     """
     offline = "" if online else "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
     # model.hf_cache must be HF_HOME before Python starts: huggingface_hub and transformers
@@ -153,7 +161,10 @@ def stage(name, online=False):
     threads = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
     # ${PYTHONPATH:+:...} is safe under `set -u`; the doubled braces survive Snakemake's format.
     path = f"PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}} "
-    return f"{offline}{threads}{path}python {SCRIPTS / name}.py"
+    python = "python"
+    if PREFORK and not (online or light or config["model"]["hf_cache"]):
+        python = f"python -m circuitflow.prefork {shlex.quote(PREFORK)}"
+    return f"{offline}{threads}{path}{python} {SCRIPTS / name}.py"
 
 
 def prompt_file(wildcards):

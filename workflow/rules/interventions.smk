@@ -95,6 +95,6 @@ rule interventions_across:
     params:
         behaviours=BEHAVIOURS,
     shell:
-        stage("interventions")
+        stage("interventions", light=True)
         + " across --behaviours {params.behaviours} --heads {input.heads}"
         " --out {output.table} --out-figure {output.figure} 2> {log}"

@@ -21,7 +21,7 @@ rule provenance:
         # model.same_as included: its check is recorded in environment.json.
         cfg=json_param(cf_config.section(config, *config, same_as=True)),
     shell:
-        stage("provenance")
+        stage("provenance", light=True)
         + " environment --config {params.cfg} --out-environment {output.environment}"
         " --out-config {output.config} 2> {log}"
 
@@ -51,7 +51,7 @@ rule provenance_run:
     params:
         cfg=config_json(*config),
     shell:
-        stage("provenance")
+        stage("provenance", light=True)
         + " after-run --config {params.cfg} --outdir "
         + OUT
         + " --out-hashes {output.hashes}"

@@ -40,7 +40,8 @@ rule sae_summary:
     resources:
         **job_resources("sae_summary"),
     shell:
-        stage("report") + " sae --saes {input.saes} --features-dirs {input.features}"
+        stage("report", light=True)
+        + " sae --saes {input.saes} --features-dirs {input.features}"
         " --out-csv {output.csv}"
         " --out-html {output.html} --out-figure {output.figure}"
         " --out-controller {output.controller} 2> {log}"
@@ -72,7 +73,7 @@ rule report_baseline:
     resources:
         **job_resources("report_baseline"),
     shell:
-        stage("report") + " baseline --json {input} --out-csv {output.csv}"
+        stage("report", light=True) + " baseline --json {input} --out-csv {output.csv}"
         " --out-html {output.html} 2> {log}"
 
 
@@ -123,7 +124,7 @@ rule report_behaviour:
         ),
         features_html=feature_browser_option,
     shell:
-        stage("report") + " behaviour --behaviour {wildcards.behaviour}"
+        stage("report", light=True) + " behaviour --behaviour {wildcards.behaviour}"
         " --attribution-dir {params.attr_dir} --interventions-dir {params.iv_dir}"
         " {params.prompt_graphs} --features-dirs {input.features} {params.features_html}"
         " --out-html {output.tables} --out-graph {output.graph} 2> {log}"
@@ -154,7 +155,7 @@ rule report_provenance:
     params:
         prov_dir=lambda wc, input: Path(input[0]).parent,
     shell:
-        stage("report") + " provenance --provenance-dir {params.prov_dir}"
+        stage("report", light=True) + " provenance --provenance-dir {params.prov_dir}"
         " --out-html {output} 2> {log}"
 
 
@@ -202,7 +203,8 @@ rule report_gpu_hours:
         gpu=CLUSTER.gpu_type,
         max_runtime=CLUSTER.max_runtime or 0,
     shell:
-        stage("report") + " gpu_hours --suite {input.suite} --config {params.cfg}"
+        stage("report", light=True)
+        + " gpu_hours --suite {input.suite} --config {params.cfg}"
         " --reference-config {input.reference} --gpu {params.gpu}"
         " --max-runtime {params.max_runtime}"
         " --out-csv {output.csv} --out-html {output.html} 2> {log}"
@@ -233,7 +235,7 @@ rule report_features_dictionary:
     resources:
         **job_resources("report_features_dictionary", memory_by=("site", "layer")),
     shell:
-        stage("report")
+        stage("report", light=True)
         + " features --features-dir {input} --out-html {output} 2> {log}"
 
 
@@ -261,7 +263,7 @@ rule report_features:
     resources:
         **job_resources("report_features"),
     shell:
-        stage("report")
+        stage("report", light=True)
         + " features_index --features-dirs {input.features} --out-html {output} 2> {log}"
 
 
@@ -312,7 +314,7 @@ rule job_costs:
     params:
         cfg=config_json("device", "model", "embedded", "sites", "behaviours"),
     shell:
-        stage("report")
+        stage("report", light=True)
         + " job_costs --config {params.cfg} --outdir "
         + OUT
         + " --environment {input.environment} --out-csv {output.csv}"
@@ -347,5 +349,5 @@ rule check:
         ),
         json=f"{OUT}/logs/check_env.json",
     shell:
-        stage("check_env")
+        stage("check_env", light=True)
         + " --config {params.cfg} --json {params.json} 2>&1 | tee {log}"
