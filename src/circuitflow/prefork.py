@@ -96,14 +96,18 @@ def _supervise(conn: socket.socket) -> int:
         _run_script(request, fds)  # never returns
     for fd in fds:
         os.close(fd)
-    pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(conn, select.POLLIN | select.POLLHUP)
-    poller.register(pidfd, select.POLLIN)
+    try:  # wakes when the job ends (Linux 5.3); else look every 0.2 s
+        poller.register(os.pidfd_open(pid), select.POLLIN)
+        timeout = None
+    except (AttributeError, OSError):
+        timeout = 200
     while True:
-        ready = {fd for fd, _ in poller.poll()}
-        if pidfd in ready:
-            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        ready = {fd for fd, _ in poller.poll(timeout)}
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = os.waitstatus_to_exitcode(wait_status)
             code = status if status >= 0 else 128 - status
             try:
                 conn.sendall(_STATUS.pack(code))
