@@ -4,6 +4,7 @@ bitwise; the TopK -> JumpReLU export keeps each layer's L0 and survives save_clt
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import replace
@@ -208,3 +209,22 @@ def test_topk_to_jumprelu_keeps_l0_and_round_trips(tmp_path, data, trained):
     for key, value in weights(jump).items():
         assert torch.equal(weights(back)[key], value), key
     assert evaluate(back, x, y) == evaluate(jump, x, y)
+
+
+def test_a_layer_whose_mlp_writes_nothing_trains_and_is_reported_undefined(data):
+    """Issue 56: a target layer with no variance (an MLP that writes nothing) neither divides
+    the objective by zero nor gets a ratio; the other layers still fit."""
+    _, x, y = data
+    y = y.clone()
+    y[:, 1] = 0.0
+    cfg = CLTTrainConfig(d_transcoder=F, activation="topk", k=K, lr=4e-2, steps=150, seed=1,
+                         dead_window=20)  # fmt: skip
+    result = train(shuffled_batches(x, y, BATCH, seed=2), cfg)
+    assert all(math.isfinite(v) for v in result.losses), result.losses[:5]
+    assert result.nmse[1] is None and None not in result.nmse[::2], result.nmse
+    got = evaluate(result.clt, x, y)
+    assert got["nmse"][1] is None, got
+    assert max(got["nmse"][0], got["nmse"][2]) < 0.3, got
+    # The silent layer is still fitted towards zero: its decoders' output stays small.
+    recon = result.clt(x.transpose(0, 1)).transpose(0, 1)
+    assert recon[:, 1].pow(2).mean() < 0.05 * y[:, 0].pow(2).mean(), recon[:, 1].abs().max()

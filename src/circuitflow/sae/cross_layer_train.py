@@ -65,6 +65,7 @@ from circuitflow.sae.checkpoint import (
     save_checkpoint,
 )
 from circuitflow.sae.cross_layer import CrossLayerTranscoder
+from circuitflow.sae.metrics import constant_target
 
 TRAINABLE = ("topk", "batchtopk", "jumprelu")
 
@@ -105,14 +106,15 @@ class CLTTrainConfig:
 @dataclass
 class TrainResult:
     """`clt`: the full model (on rank 0; None on the others). Per-layer metrics of the last
-    step's batch, float64 lists: `nmse` (reconstruction of each target layer), `l0` (features a
-    token, each source layer), `dead_fraction` (each layer's features dead, of all ranks');
+    step's batch, float64 lists: `nmse` (reconstruction of each target layer; None where its
+    target is constant: nothing to explain), `l0` (features a token, each source layer),
+    `dead_fraction` (each layer's features dead, of all ranks');
     `losses`: the total loss of every step of this run and the runs it resumed."""
 
     clt: CrossLayerTranscoder | None
     step: int
     losses: list[float]
-    nmse: list[float]
+    nmse: list[float | None]
     l0: list[float]
     dead_fraction: list[float]
 
@@ -250,17 +252,43 @@ class _JumpReLU(torch.autograd.Function):
         return grad * (pre > threshold), grad_threshold, None
 
 
-def _nmse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Each target layer's normalised MSE [L] of [B, L, D] (float32)."""
+def _layer_errors(pred: torch.Tensor, target: torch.Tensor):
+    """Each target layer's squared error and variance [L] of [B, L, D] (float32 sums), and
+    whether its target is constant (an MLP that writes nothing: metrics.constant_target)."""
     err = (pred - target).pow(2).sum((0, 2))
     var = (target - target.mean(0, keepdim=True)).pow(2).sum((0, 2))
-    return err / var.clamp_min(torch.finfo(torch.float32).tiny)
+    return err, var, constant_target(var, target.pow(2).sum((0, 2)))
+
+
+def _nmse(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The objective's terms: each target layer's normalised MSE [L] of [B, L, D] (float32), and
+    which layers' targets are constant [L] (bool). A
+    layer whose target has no variance is normalised by the other layers' mean variance (by 1
+    where all are constant): its error still counts, and nothing divides by zero. Without a
+    branch on the host, so a GPU step does not wait for it."""
+    err, var, const = _layer_errors(pred, target)
+    varied = (~const).to(var.dtype)
+    scale = (var * varied).sum() / varied.sum().clamp_min(1)
+    scale = torch.where(varied.sum() > 0, scale, torch.ones_like(scale))
+    return err / torch.where(const, scale, var), const
+
+
+def _reported_nmse(pred: torch.Tensor, target: torch.Tensor) -> list[float | None]:
+    """Each target layer's normalised MSE (float64), None where the target is constant: there
+    is no variance to explain (as metrics.ReconstructionStats reports a per-layer dictionary)."""
+    err, var, const = _layer_errors(pred, target)
+    return _unless_constant((err.double() / var.double()).tolist(), const.tolist())
+
+
+def _unless_constant(values: list[float], constant: list[bool]) -> list[float | None]:
+    return [None if c else v for v, c in zip(values, constant, strict=True)]
 
 
 @dataclass
 class StepOutput:
     loss: torch.Tensor  # the whole objective (all ranks' terms), detached
     nmse: torch.Tensor  # [L]
+    constant: torch.Tensor  # [L] bool: target layers with no variance (nmse undefined)
     l0: torch.Tensor  # [L], all ranks' features
     fired: torch.Tensor  # [L, F_r] bool: this rank's features that fired in the batch
     terms: dict[str, float] = field(default_factory=dict)
@@ -290,7 +318,7 @@ def training_step(
         threshold = shard.log_threshold.exp()
         acts = _JumpReLU.apply(pre, threshold, cfg.bandwidth)
     recon = _SumOverRanks.apply(shard.decode_partial(acts)) + shard.b_dec
-    nmse = _nmse(recon, y)
+    nmse, constant = _nmse(recon, y)
     loss = nmse.sum()
     terms: dict[str, torch.Tensor] = {"reconstruction": loss.detach()}
     if cfg.activation == "jumprelu":
@@ -311,7 +339,7 @@ def training_step(
             aux_acts = pre * global_topk_mask(scores, features, k_aux)
             residual = (y - recon).detach()
             aux_recon = _SumOverRanks.apply(shard.decode_partial(aux_acts))
-            aux = cfg.aux_coefficient * scale * _nmse(aux_recon, residual).sum()
+            aux = cfg.aux_coefficient * scale * _nmse(aux_recon, residual)[0].sum()
             loss = loss + aux
             terms["aux"] = aux.detach()
     with torch.no_grad():
@@ -319,7 +347,7 @@ def training_step(
         l0 = _all_reduce(active.sum((0, 2)).to(torch.float32)) / B
         total = sum(terms.values())
     out = StepOutput(
-        loss=total, nmse=nmse.detach(), l0=l0, fired=active.any(0),
+        loss=total, nmse=nmse.detach(), constant=constant, l0=l0, fired=active.any(0),
         terms={k: float(v) for k, v in terms.items()},
     )  # fmt: skip
     return loss, out
@@ -422,7 +450,7 @@ def train(
         clt=gather_clt(shard, **clt_kwargs),
         step=step,
         losses=losses,
-        nmse=out.nmse.double().tolist() if out is not None else [],
+        nmse=_unless_constant(out.nmse.double().tolist(), out.constant.tolist()) if out else [],
         l0=out.l0.double().tolist() if out is not None else [],
         dead_fraction=(dead / cfg.d_transcoder).tolist(),
     )
@@ -466,13 +494,14 @@ def gather_clt(shard: CLTShard, **clt_kwargs) -> CrossLayerTranscoder | None:
 # --- measuring and exporting ----------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(clt: CrossLayerTranscoder, x: torch.Tensor, y: torch.Tensor) -> dict[str, list]:
-    """A CLT's per-layer `nmse` (each target layer, as the objective's) and `l0` (features a
-    token, each source layer) on x, y [N, L, D], by its own forward pass (float64 lists)."""
+    """A CLT's per-layer `nmse` (each target layer, as the objective's; None where the target is
+    constant) and `l0` (features a token, each source layer) on x, y [N, L, D], by its own
+    forward pass (float64 lists)."""
     inputs = x.transpose(0, 1).to(clt.dtype)
     features = clt.encode_all(inputs)  # [L, N, F]
     recon = clt.decode(features, inputs).transpose(0, 1)
     return {
-        "nmse": _nmse(recon, y.to(torch.float32)).double().tolist(),
+        "nmse": _reported_nmse(recon, y.to(torch.float32)),
         "l0": (features != 0).sum(-1).double().mean(1).tolist(),
     }
 
