@@ -1,7 +1,7 @@
 """circuitflow.prefork, the warm interpreter the suite's whole-DAG runs fork their model-loading
 jobs from: a forked job must be the job `python SCRIPT ARGS...` would have been (directory,
-environment, arguments, streams, exit status, outputs), die with its client, and run without a
-server."""
+environment, arguments, streams, exit status, outputs), get the signals its client gets, and run
+without a server."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ import pytest
 from helpers.dag import REPO, load_test_config, prefork_socket, run_snakemake
 
 SCRIPT = """
-import json, os, sys, time
+import json, os, signal, sys, time
 if sys.argv[1] == "sleep":
+    def checkpoint(*_):
+        open("terminated", "w").write(str(os.getpid()))
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, checkpoint)
     open("pid", "w").write(str(os.getpid()))
     time.sleep(60)
 if sys.argv[1] == "raise":
@@ -77,7 +81,10 @@ def test_a_failing_job_exits_non_zero_with_its_traceback(socket, tmp_path):
     assert err.strip().splitlines()[-1] == "ValueError: a bad value"
 
 
-def test_killing_the_client_kills_the_job(socket, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_client_reaches_the_job(sig, socket, tmp_path):
+    """SIGTERM (Snakemake cancelling, Slurm's walltime) goes on to the script, which may
+    checkpoint and exit with its own status; a client killed outright takes the job along."""
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
     proc = client(socket, script, "sleep", cwd=tmp_path)
@@ -87,10 +94,12 @@ def test_killing_the_client_kills_the_job(socket, tmp_path):
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.1)
     pid = int(pid_file.read_text())
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     proc.wait(timeout=30)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 3 and (tmp_path / "terminated").read_text() == str(pid)
     deadline = time.time() + 30
-    while Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid):
+    while Path(f"/proc/{pid}").exists() and _state(pid) != b"Z":
         assert time.time() < deadline, "the forked job outlived its client"
         time.sleep(0.1)
 

@@ -7,7 +7,8 @@ stage command (`stage()` in workflow/rules/common.smk, when CIRCUITFLOW_PREFORK 
 socket) then runs `python -m circuitflow.prefork SOCKET SCRIPT ARGS...`, a client that imports
 nothing heavy: the server forks a child that takes the client's working directory, environment
 and standard streams and runs the script as `python SCRIPT ARGS...` would, and the client exits
-with the script's status. Killing the client (Snakemake cancelling the job) kills the script.
+with the script's status. A signal the client can catch (SIGTERM, SIGINT, ...) is passed on to
+the script; a client killed outright (SIGKILL) takes the script with it, with SIGKILL.
 Where no server answers, the client becomes `python SCRIPT ARGS...` itself.
 
 Not for runs whose benchmarks are read: Snakemake measures the client's process tree, so a
@@ -38,6 +39,7 @@ PRELOAD = (
     "tqdm",
 )
 ENV = "CIRCUITFLOW_PREFORK"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STATUS = struct.Struct("!i")
 
 
@@ -114,13 +116,18 @@ def _supervise(conn: socket.socket) -> int:
             except OSError:
                 pass
             return 0
-        if conn.fileno() in ready:  # the client is gone (Snakemake cancelled the job)
-            os.kill(pid, signal.SIGTERM)
+        if conn.fileno() in ready:
             try:
+                signals = conn.recv(64)
+            except OSError:
+                signals = b""
+            # A signal the client caught, passed on; or the client is gone (killed outright,
+            # SIGKILL): so is the job, as a job in its process group would be.
+            for number in signals or [signal.SIGKILL]:
+                os.kill(pid, number)
+            if not signals:
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            return 0
+                return 0
 
 
 def _run_script(request: dict, fds: list[int]) -> None:
@@ -175,6 +182,10 @@ def client(path: str, argv: list[str]) -> int:
     body = json.dumps(request).encode()
     socket.send_fds(conn, [_STATUS.pack(len(body))], [0, 1, 2])
     conn.sendall(body)
+    # What Snakemake (or a user's Ctrl-C, or Slurm) sends the job goes on to the script, which
+    # may checkpoint on it; the status still comes back.
+    for number in FORWARDED:
+        signal.signal(number, lambda n, _: conn.send(bytes([n])))
     reply = b""
     while len(reply) < _STATUS.size:
         chunk = conn.recv(_STATUS.size - len(reply))
