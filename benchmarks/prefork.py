@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from circuitflow import prefork
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "interventions/induction/summary.json"
 
@@ -29,20 +31,6 @@ TARGET = "interventions/induction/summary.json"
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def start_server(root: Path) -> tuple[subprocess.Popen, str]:
-    """A prefork server with the stage jobs' environment (one thread, hub offline)."""
-    path = str(root / "prefork.socket")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}  # fmt: skip
-    server = subprocess.Popen([sys.executable, "-m", "circuitflow.prefork", "serve", path],
-                              env=env, stdin=subprocess.DEVNULL)  # fmt: skip
-    while not Path(path).exists():
-        if server.poll() is not None:
-            raise SystemExit(f"the prefork server exited ({server.returncode})")
-        time.sleep(0.2)
-    return server, path
 
 
 def run(root: Path, forked: bool, cores: int) -> dict:
@@ -56,7 +44,9 @@ def run(root: Path, forked: bool, cores: int) -> dict:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     server = None
     if forked:
-        server, env["CIRCUITFLOW_PREFORK"] = start_server(root)
+        env["CIRCUITFLOW_PREFORK"] = path = str(root / "prefork.socket")
+        server = prefork.start(path)
+        prefork.wait_listening(server, path)
     try:
         done = subprocess.run(
             [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),

@@ -46,12 +46,7 @@ def client(socket: str, script: Path, *args: str, cwd: Path, **kw) -> subprocess
 
 @pytest.fixture(scope="module")
 def socket() -> str:
-    path = prefork_socket()
-    deadline = time.time() + 300  # the server imports torch and TransformerLens first
-    while not Path(path).exists():
-        assert time.time() < deadline, "the prefork server never listened"
-        time.sleep(0.5)
-    return path
+    return prefork_socket(listening=True)
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["forked", "no server"])

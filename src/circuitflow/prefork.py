@@ -39,8 +39,36 @@ PRELOAD = (
     "tqdm",
 )
 ENV = "CIRCUITFLOW_PREFORK"
+# What stage() gives every job that loads a model; the server's imports read it once (OpenMP's
+# thread pool, the hub's offline flags), so the server must start with it too.
+JOB_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STATUS = struct.Struct("!i")
+
+
+def start(path: str, **popen):
+    """A server on `path` in its own process, with the jobs' environment (JOB_ENV, src/ on
+    PYTHONPATH); `popen`: more subprocess.Popen arguments."""
+    import subprocess
+
+    env = {**os.environ, **JOB_ENV, "PYTHONPATH": SRC}
+    return subprocess.Popen([sys.executable, "-m", "circuitflow.prefork", "serve", path],
+                            env=env, stdin=subprocess.DEVNULL, **popen)  # fmt: skip
+
+
+def wait_listening(server, path: str, timeout: float = 300) -> None:
+    """Until `server` (from start) listens on `path`: it imports PRELOAD first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if server.poll() is not None:
+            raise RuntimeError(f"the prefork server exited ({server.returncode})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the prefork server did not listen on {path} in {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def serve(path: str) -> None:
@@ -49,7 +77,8 @@ def serve(path: str) -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    sys.stdout.flush(), sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}.tmp"
     server.bind(tmp)

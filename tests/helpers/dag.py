@@ -31,25 +31,23 @@ NICE = 5
 _PREFORK: dict[str, subprocess.Popen | str] = {}
 
 
-def prefork_socket() -> str:
-    """This test process's warm interpreter (circuitflow.prefork), started on first use with
-    the environment every stage job that loads a model gets (one thread, hub offline) and the
-    whole-DAG runs' niceness; stopped when the process exits."""
+def prefork_socket(listening: bool = False) -> str:
+    """This test process's warm interpreter (circuitflow.prefork), started on first use with the
+    whole-DAG runs' niceness; stopped when the process exits. `listening`: return once it
+    listens (a client that finds no server runs its job fresh instead)."""
+    from circuitflow import prefork
+
     if not _PREFORK:
         import atexit
         import tempfile
 
         path = str(Path(tempfile.mkdtemp(prefix="cf-prefork-")) / "socket")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "PYTHONPATH": str(REPO / "src")}  # fmt: skip
-        server = subprocess.Popen(
-            [sys.executable, "-m", "circuitflow.prefork", "serve", path], env=env,
-            preexec_fn=lambda: os.nice(NICE), stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        server = prefork.start(path, preexec_fn=lambda: os.nice(NICE))
         # Waited for, so the jobs' CPU time counts in this process's children (a suite's total).
         atexit.register(lambda: (server.terminate(), server.wait()))
         _PREFORK.update(server=server, path=path)
+    if listening:
+        prefork.wait_listening(_PREFORK["server"], str(_PREFORK["path"]))
     return str(_PREFORK["path"])
 
 

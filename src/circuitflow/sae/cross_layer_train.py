@@ -262,14 +262,15 @@ def _layer_errors(pred: torch.Tensor, target: torch.Tensor):
 
 def _nmse(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The objective's terms: each target layer's normalised MSE [L] of [B, L, D] (float32), and
-    which layers' targets are constant [L] (bool). A
-    layer whose target has no variance is normalised by the other layers' mean variance (by 1
-    where all are constant): its error still counts, and nothing divides by zero. Without a
-    branch on the host, so a GPU step does not wait for it."""
+    which layers' targets are constant [L] (bool). A layer whose target has no variance is
+    normalised by the other layers' mean variance (by 1 where all are constant): its error
+    still counts, and nothing divides by zero. Without a branch on the host, so a GPU step does
+    not wait for it."""
     err, var, const = _layer_errors(pred, target)
     varied = (~const).to(var.dtype)
-    scale = (var * varied).sum() / varied.sum().clamp_min(1)
-    scale = torch.where(varied.sum() > 0, scale, torch.ones_like(scale))
+    n_varied = varied.sum()
+    scale = (var * varied).sum() / n_varied.clamp_min(1)
+    scale = torch.where(n_varied > 0, scale, torch.ones_like(scale))
     return err / torch.where(const, scale, var), const
 
 
