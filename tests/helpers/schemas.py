@@ -57,8 +57,16 @@ SUMMARY_KEYS = {
     "completeness_heldout", "faithfulness_auc", "faithfulness_auc_selection",
     "faithfulness_curve_heldout", "completeness_curve_heldout", "n_prompts_selection",
     "n_prompts_heldout", "random_faithfulness_heldout", "random_completeness_heldout",
-    "component_circuit",
+    "component_circuit", "ablation_circuit", "patching_circuit", "ablation_scores_validation",
+    "inert_heads", "no_difference_heads", "left_out_heads",
 }  # fmt: skip
+VIEW_KEYS = {"view", "judged_by", "ranked_by", "candidates", "smallest_prefix", "size", "nodes",
+             "by_kind", "faithfulness", "faithfulness_heldout", "completeness",
+             "completeness_heldout", "cpr", "cmd", "cpr_selection", "cmd_selection",
+             "pruning"}  # fmt: skip
+ABLATION_SCORE_COLUMNS = {"ablation", "node", "kind", "layer", "index", "ablation_score",
+                          "ablation_score_selection", "ablation_score_exact",
+                          "ablation_score_exact_selection", "ablation_score_source"}  # fmt: skip
 
 
 def check_outputs(d, n_layers: int, n_heads: int, with_features: bool = True) -> dict:
@@ -77,6 +85,16 @@ def check_outputs(d, n_layers: int, n_heads: int, with_features: bool = True) ->
     assert set(components["circuit"]) <= {"top", "random", "graph"}
     kinds = {n.split(".")[0] for nodes in components["nodes"] for n in nodes}
     assert kinds <= {"embedding", "head", "mlp"}, kinds
+    for key in ("ablation_circuit", "patching_circuit", "component_ablation_circuit",
+                "component_patching_circuit"):  # fmt: skip
+        assert VIEW_KEYS <= set(summary[key]), VIEW_KEYS - set(summary[key])
+    scores = pd.read_parquet(d / "ablation_scores.parquet")
+    assert ABLATION_SCORE_COLUMNS <= set(scores.columns), ABLATION_SCORE_COLUMNS - set(scores)
+    views = pd.read_parquet(d / "circuit_views.parquet")
+    assert CIRCUIT_COLUMNS <= set(views.columns) and {"view", "judged_by"} <= set(views.columns)
+    assert set(views["view"]) <= {"ablation", "patching"}
+    assert set(views["candidates"]) <= {"configured", "components"}
+    assert set(views["circuit"]) <= {"top", "pruned"}
     sets = pd.read_parquet(d / "head_sets.parquet")
     assert SET_COLUMNS <= set(sets.columns)
     assert set(sets["set"]) == {"top_k", "random"} and set(sets["size"]) == {2, 3}

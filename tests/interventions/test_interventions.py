@@ -440,11 +440,17 @@ def test_stage_writes_tables_figures_and_summary(tiny, tmp_path):
                 "random_faithfulness_heldout"):  # fmt: skip
         assert beside[key] == pytest.approx(comps[key]), key
     assert comps["component_circuit"]["faithfulness_heldout"] == comps["faithfulness_heldout"]
-    # Its random controls are drawn at that size only (what interventions.plan charges).
+    # Its random controls are drawn at that size only (what interventions.plan charges), and
+    # none where it is every candidate (ranked by mean-ablation score on this random model,
+    # no fewer components are faithful on the selection half).
     table = pd.read_parquet(out / "component_circuits.parquet")
-    assert 0 < beside["size"] < beside["candidates"]
-    assert set(table[table["circuit"] == "random"]["n"]) == {beside["size"]}
-    lead = behaviour_sections(adir, out)[0]
+    controlled = {beside["size"]} if 0 < beside["size"] < beside["candidates"] else set()
+    assert set(table[table["circuit"] == "random"]["n"]) == controlled
+    sections = behaviour_sections(adir, out)
+    views = next(body for title, body in sections if title.startswith("Two views of the circuit"))
+    for key in ("ablation_circuit", "patching_circuit"):
+        assert f"{summary[key]['cpr']:.3f}" in views and f"{summary[key]['cmd']:.3f}" in views
+    lead = sections[0]
     assert lead[0].startswith("Circuits, held out beside selection")
     assert f"{beside['faithfulness_heldout']:.3f}" in lead[1]
     assert f"{summary['faithfulness_heldout']:.3f}" in lead[1]
@@ -539,9 +545,11 @@ def test_flags_on_headline_numbers():
 
 def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     """A pruned head (W_O = 0, as the embedded model prunes 5 of its 8) scores exactly 0 in
-    attribution and in ablation: it is named in `inert_heads` and left out of both stages' top
-    heads, of the heads whose pairs and triplets are ablated and of the report's head tables
-    (which name it), so the sets are not the live sets again with a dead head added."""
+    attribution and in ablation: it carries no difference (`no_difference_heads`) and is inert
+    (`inert_heads`: its own ablation has no effect), so it is left out of both stages' top
+    heads (`left_out_heads`), of the heads whose pairs and triplets are ablated and of the
+    report's head tables (which name it), so the sets are not the live sets again with a dead
+    head added."""
     from circuitflow.attribution import stage as attr_stage
     from circuitflow.report.pages.behaviour import behaviour_sections
 
@@ -555,7 +563,7 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     attr_summary = attr_stage.attribute(model, prompts, saes, None, acfg, "b", adir)
     heads = pd.read_parquet(adir / "heads.parquet").set_index(["layer", "head"])
     assert heads.loc[(0, 1), "score"] == 0 and (heads["score"] != 0).sum() == 3
-    assert attr_summary["inert_heads"] == ["L0H1"]
+    assert attr_summary["no_difference_heads"] == ["L0H1"]
     assert [(h["layer"], h["head"]) for h in attr_summary["top_heads"]] == [
         h for h in heads.index if h != (0, 1)
     ]
@@ -565,7 +573,12 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     s = iv_stage.intervene(model, prompts, adir, saes, None, cfg, "b", out, base_seed=0)
     singles = pd.read_parquet(out / "heads.parquet").set_index(["layer", "head"])
     assert singles.loc[(0, 1), "score"] == 0  # ablating it changes nothing
-    assert s["inert_heads"] == ["L0H1"]
+    assert s["no_difference_heads"] == s["left_out_heads"] == ["L0H1"]
+    # Inert: no effect of its own ablation that the prompts can tell from 0 (on this random
+    # model, with 12 prompts, the live heads' intervals cover 0 too).
+    inert = singles[(singles["score_ci_low"] <= 0) & (singles["score_ci_high"] >= 0)]
+    assert "L0H1" in s["inert_heads"]
+    assert s["inert_heads"] == [f"L{la}H{h}" for la, h in sorted(inert.index)]
     assert s["top_k_heads"] == [f"L{la}H{h}" for la, h in heads.index if (la, h) != (0, 1)]
     assert all((h["layer"], h["head"]) != (0, 1) for h in s["top_heads"])
     sets = pd.read_parquet(out / "head_sets.parquet")
@@ -573,9 +586,9 @@ def test_inert_heads_are_left_out_of_the_top_heads_and_head_sets(tmp_path):
     assert len(top_k) == 3 + 1  # the pairs and the triplet of the 3 live heads
     assert not top_k["heads"].str.contains("L0H1").any()
     page = "".join(body for _, body in behaviour_sections(adir, out))
-    assert "whose score is exactly 0 (inert, such as pruned heads) are not shown: L0H1" in page
+    assert "whose score is exactly 0 (such as pruned heads) are not shown: L0H1" in page
     assert "whose ablation effect is exactly 0" in page
-    assert "inert heads left out: L0H1" in page
+    assert "heads inert and carrying no difference left out: L0H1" in page
 
 
 def test_script_reports_no_faithful_circuit(tiny_hf_model_dir, tmp_path):
@@ -603,7 +616,7 @@ def test_script_reports_no_faithful_circuit(tiny_hf_model_dir, tmp_path):
     config = {"device": "cpu", "seed": 0,
               "attribution": {"method": "atp", "validation_prompts": 4},
               "interventions": {"n_seeds": 2, "n_random_circuits": 2, "n_random_sets": 1,
-                                "faithfulness_threshold": 3.0}}  # fmt: skip
+                                "faithfulness_threshold": 50.0}}  # fmt: skip
     adir, out = tmp_path / "attribution" / "b", tmp_path / "interventions" / "b"
     model_json = model_dir / "model.json"
     attr_stage.run(config, "b", tmp_path / "prompts.parquet", model_json, [], [], adir)
@@ -619,11 +632,11 @@ def test_script_reports_no_faithful_circuit(tiny_hf_model_dir, tmp_path):
                   "b", "--prompts", prompts_path, "--model-json", model_json,
                   "--attribution-dir", adir, "--out-dir", out)  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    assert max(summary["faithfulness_curve"].values()) < 3.0  # the case: no size is faithful
+    assert max(summary["faithfulness_curve"].values()) < 50.0  # the case: no size is faithful
     assert summary["circuit_size"] is None and summary["faithfulness"] is None
     assert summary["component_circuit"]["size"] is None
     assert (
-        "b: no component circuit is faithful; no circuit size reaches faithfulness 3.0 on the "
+        "b: no component circuit is faithful; no circuit size reaches faithfulness 50.0 on the "
         "selection half" in done.stdout
     )
     report = tmp_path / "report"

@@ -196,5 +196,5 @@ def test_headlines_say_what_they_mean(outputs, behaviour):
     live = live_heads(model)
     pruned = [(la, h) for la in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)
               if (la, h) not in live]  # fmt: skip
-    assert summary["inert_heads"] == [f"L{la}H{h}" for la, h in pruned]
+    assert summary["no_difference_heads"] == [f"L{la}H{h}" for la, h in pruned]
     assert {(h["layer"], h["head"]) for h in summary["top_heads"]} == set(live)

@@ -1,5 +1,5 @@
-# Interventions per behaviour: circuits of the top attribution nodes (faithfulness, completeness,
-# random controls), head ablations (single, pairs, triplets), feature ablation and steering;
+# Interventions per behaviour: circuits of the top nodes by score against the run's ablation
+# (faithfulness, completeness, random controls; the ablation and patching views, pruned), head ablations (single, pairs, triplets), feature ablation and steering;
 # then one table of head effects across behaviours. Code: src/circuitflow/interventions/.
 
 
@@ -15,6 +15,8 @@ rule interventions:
     output:
         circuits=f"{IV}/{{behaviour}}/circuits.parquet",
         component_circuits=f"{IV}/{{behaviour}}/component_circuits.parquet",
+        ablation_scores=f"{IV}/{{behaviour}}/ablation_scores.parquet",
+        circuit_views=f"{IV}/{{behaviour}}/circuit_views.parquet",
         heads=f"{IV}/{{behaviour}}/heads.parquet",
         head_sets=f"{IV}/{{behaviour}}/head_sets.parquet",
         features=f"{IV}/{{behaviour}}/features.parquet",

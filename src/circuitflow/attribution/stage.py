@@ -214,12 +214,15 @@ def attribute(
         tables["features"], feature_dirs, tokenizer, cfg, graph["nodes"]
     )
     heads = tables["heads"]
-    inert = heads["score"] == 0  # a pruned head (W_O = 0), or one nothing moves: no finding
+    # Patching it from the corrupted prompt changes nothing: it carries no clean/corrupted
+    # difference (a pruned head, W_O = 0, or one the corruption does not move). Whether the
+    # behaviour needs it is the interventions' `inert_heads` (its own ablation).
+    same = heads["score"] == 0
     summary = meta | {
-        "top_heads": heads[~inert].head(5)[["layer", "head", "score"]].to_dict("records"),
-        "inert_heads": [
+        "top_heads": heads[~same].head(5)[["layer", "head", "score"]].to_dict("records"),
+        "no_difference_heads": [
             f"L{int(r.layer)}H{int(r.head)}"
-            for r in heads[inert].sort_values(["layer", "head"]).itertuples()
+            for r in heads[same].sort_values(["layer", "head"]).itertuples()
         ],
         "top_components": tables["components"]
         .head(5)[["kind", "layer", "index", "score"]]

@@ -11,6 +11,9 @@ Ablation kinds (what an ablated node's activation becomes):
   (`mean_reference: clean`, the prompt distribution) or their corrupted twins (`corrupted`).
 * `resample`: its value on a corrupted prompt drawn at random (a permutation per seed, within
   prompts of the same length), as in resample ablation / causal scrubbing.
+* `patch` (not a config value): its value on the prompt's own corrupted twin, activation
+  patching's counterfactual. The patching circuit ("what carries the difference", ranked by
+  attribution against the corrupted prompt) is judged by it.
 
 SAE nodes are ablated inside the activation without replacing it by the SAE's reconstruction:
 the SAE is spliced with its error term, x = decode(a) + e, a = encode(x), e = x - decode(a), and
@@ -26,6 +29,7 @@ to the hook's output at every position but the first (BOS, the attention sink).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +46,8 @@ from circuitflow.model.forward import last_logits
 from circuitflow.nodes import Node, hook_name
 from circuitflow.perf import PassCounter
 
-KINDS = ("zero", "mean", "resample")
+KINDS = ("zero", "mean", "resample")  # interventions.ablation
+PATCH = "patch"  # the patching circuit's counterfactual: each prompt's own corrupted twin
 REFERENCES = ("clean", "corrupted")
 
 
@@ -110,7 +115,7 @@ class Intervener:
         runs_per_pass: int = 16,
         counter: PassCounter | None = None,
     ):
-        if kind not in KINDS:
+        if kind not in (*KINDS, PATCH):
             raise ConfigError(f"ablation: {kind!r}; allowed values: {', '.join(KINDS)}")
         if mean_reference not in REFERENCES:
             raise ConfigError(
@@ -135,6 +140,16 @@ class Intervener:
         self.groups = self._groups(prompts)
         self._ref: dict[tuple, Any] = {}
         self.final_resid = hook_name("resid_post", model.cfg.n_layers - 1)
+
+    def with_kind(self, kind: str) -> Intervener:
+        """The same prompts, batching, SAEs and counter under another ablation `kind` (such as
+        PATCH), sharing the clean and corrupted activations already computed."""
+        if kind not in (*KINDS, PATCH):
+            raise ConfigError(f"ablation: {kind!r}; allowed values: {', '.join(KINDS)}")
+        other = copy.copy(self)
+        other.kind = kind
+        other._ref = {k: v for k, v in self._ref.items() if k[0] in ("acts", "sae")}
+        return other
 
     def _groups(self, prompts: pd.DataFrame) -> list[PromptGroup]:
         groups = []

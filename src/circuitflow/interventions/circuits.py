@@ -1,11 +1,11 @@
-"""Circuits: the top-n nodes by attribution, their faithfulness and completeness, random
-circuits as the control, and the smallest faithful size.
+"""Circuits: the top-n nodes of a ranking, their faithfulness and completeness, random
+circuits as the control, the smallest faithful size, and MIB's CPR and CMD of a curve.
 
-The prompts are split in two (batching.selection_half): candidates are ranked by their
-attribution score on the selection half, and the circuit size is chosen there; faithfulness and
-completeness are reported on the held-out half too (`*_heldout`), which neither choice saw.
-Random circuits have the top circuit's make-up by kind (as many heads, MLPs, features and error
-terms), drawn from the candidates of each kind.
+The prompts are split in two (batching.selection_half): candidates are ranked by their score
+on the selection half (selection.py: against the run's ablation, or attribution's), and the
+circuit size is chosen there; faithfulness and completeness are reported on the held-out half
+too (`*_heldout`), which neither choice saw. Random circuits have the top circuit's make-up by
+kind (as many heads, MLPs, features and error terms), drawn from the candidates of each kind.
 """
 
 from __future__ import annotations
@@ -102,10 +102,12 @@ def circuit_curves(
     selection: np.ndarray,
     named: list[Node] | None = None,
     controls: bool = True,
+    named_as: str = "graph",
 ) -> pd.DataFrame:
     """One row per (circuit, n, draw): the top-n circuit (`circuit` = top, draw -1), random
     circuits with its make-up by kind (`random`, one draw each; none when `controls` is false)
-    and, when given, the `named` node set (`graph`). Faithfulness and completeness on the
+    and, when given, the `named` node set (`circuit` = `named_as`: `graph`, the attribution
+    graph's nodes, or `pruned`, pruning.prune's circuit). Faithfulness and completeness on the
     selection half (`selection`: a mask over prompts) and on the held-out half (`*_heldout`):
     mean and std across seeds (each a bootstrap resample of the half) for top and graph, on the
     whole half for random circuits. m_* are the selection half's means."""
@@ -151,7 +153,7 @@ def circuit_curves(
 
     circuits = []  # (circuit, n, draw, nodes); draw -1 is seed-averaged
     if named:
-        circuits.append(("graph", len(frozenset(named)), -1, named))
+        circuits.append((named_as, len(frozenset(named)), -1, named))
     for n in sizes:
         circuits.append(("top", n, -1, ranked[:n]))
         draws = cfg.n_random_circuits if controls and 0 < n < len(universe) else 0
@@ -186,6 +188,30 @@ def faithfulness_auc(curves: pd.DataFrame, n_nodes: int, column: str) -> float |
         return None
     x, y = np.log(top["n"].to_numpy(float)), top[column].to_numpy(float)
     return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / np.log(n_nodes))
+
+
+def cpr_cmd(curve: dict[int, float], n_nodes: int) -> tuple[float, float]:
+    """MIB's two areas (Mueller et al. 2025) of a faithfulness curve over circuit sizes
+    (`curve`: n -> faithfulness, n of `n_nodes` candidates), against the share of the
+    candidates kept, x = n / n_nodes in [0, 1], the curve linear between its points: CPR, the
+    area under it (higher is better), and CMD, the area between it and the full model's 1
+    (lower is better; a curve above 1 counts as far as one below). f(0) = 0 and f(n_nodes) = 1
+    hold by definition (the empty circuit and the whole model) and are added where missing."""
+    points = {0: 0.0, n_nodes: 1.0} | {int(n): float(f) for n, f in curve.items()}
+    n = np.array(sorted(points), dtype=np.float64)
+    x, f = n / n_nodes, np.array([points[int(k)] for k in n], dtype=np.float64)
+    dx, f0, f1 = np.diff(x), f[:-1], f[1:]
+    cpr = float(np.sum(dx * (f0 + f1) / 2))
+    d0, d1 = 1 - f0, 1 - f1  # the gap to 1 at each end of a segment
+    same = d0 * d1 >= 0
+    # A segment that crosses 1 is two triangles, split where the gap is 0.
+    cross = np.where(same, 0.0, d0 / np.where(same, 1.0, d0 - d1))
+    gap = np.where(
+        same,
+        dx * np.abs(d0 + d1) / 2,
+        dx * (np.abs(d0) * cross + np.abs(d1) * (1 - cross)) / 2,
+    )
+    return cpr, float(np.sum(gap))
 
 
 def random_band(curves: pd.DataFrame, metric: str) -> pd.DataFrame:

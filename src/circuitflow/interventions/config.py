@@ -8,6 +8,9 @@ from typing import Any
 from circuitflow.schema import schema_defaults, typed
 
 _D = schema_defaults("interventions")
+# SAE features ablated exactly by the circuits' ablation scores, the top by |fast score| (the
+# fast score's validation for features; the rest keep the fast score); plan.py charges them.
+EXACT_FEATURES = 32
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,10 @@ class InterventionsConfig:
     circuit_size: int | None = _D["circuit_size"]  # null: the smallest faithful size
     circuit_nodes: str = _D["circuit_nodes"]  # features (+ SAE features, errors) | components
     faithfulness_threshold: float = _D["faithfulness_threshold"]
+    circuit_scores: str = _D["circuit_scores"]  # atp | ig, against the run's ablation
+    circuit_ig_steps: int = _D["circuit_ig_steps"]
+    prune_rounds: int = _D["prune_rounds"]
+    prune_max_nodes: int = _D["prune_max_nodes"]
     n_random_circuits: int = _D["n_random_circuits"]
     top_k_heads: int = _D["top_k_heads"]
     max_set_size: int = _D["max_set_size"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
+from circuitflow.attribution.plan import estimate_attribution
 from circuitflow.description import Run, describe
+from circuitflow.interventions.config import EXACT_FEATURES
 from circuitflow.memory import estimate_forward, load_bytes, model_dtype_name
 from circuitflow.model.flops import attribution_forward_flops_per_prompt
 from circuitflow.perf import Work
@@ -43,6 +45,26 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
         # random controls at the size it finds only.
         grid, bisection = search(components)
         circuits += seeds * (2 * grid + 2 * bisection + 1) + 2 * random
+    # The circuits' two views (selection.circuits): the scores against the run's ablation (a
+    # forward for the shapes and the method's passes, per seed drawn; a forward a hook for the
+    # references; each node but the SAE features ablated alone), then each view's search
+    # (grid, bisection: the ablation view's are the curves' above again, cached, but bounded
+    # here all the same) and pruning (pruning.Pruned.bound_runs, the prefix bounded by every
+    # candidate and by prune_max_nodes), the patching view's clean run.
+    method = 4.0 if icfg.circuit_scores == "atp" else 2.0 + 3.0 * icfg.circuit_ig_steps
+    hooks = 1 + 2 * layers + n_saes
+    exact = components + n_saes + (EXACT_FEATURES if n_saes else 0)
+    circuits += seeds * method + hooks + seeds * exact
+
+    def views(candidates: int) -> float:
+        """Both views' searches and pruning over `candidates`, and the patching clean run."""
+        grid, bisection = search(candidates)
+        pruning = (3 * icfg.prune_rounds + 1) * min(candidates, icfg.prune_max_nodes) + 2
+        return 1 + 2 * seeds * (2 * grid + 2 * bisection + 1 + pruning)
+
+    circuits += views(components + n_saes * (d_sae + 1))
+    if n_saes and icfg.circuit_nodes == "features":
+        circuits += views(components)  # the same over the components alone
     sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
                for k in range(2, icfg.max_set_size + 1))  # fmt: skip
     parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
@@ -52,9 +74,15 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
     return parts
 
 
+SAE_ABLATION_COPIES = 3
+
+
 def job_bytes(config: dict, rule: str, device: str) -> int:
     """Host bytes of an interventions job's work: `batch_size` x `runs_per_pass` sequences a
-    forward pass (float32, logits included), or a real model's load where that is more."""
+    forward pass (float32, logits included), or the ablation scores' gradient pass over
+    `batch_size` prompts with every SAE spliced (ablation_scores.py: attribution's methods, so
+    attribution's estimate), whichever is more, with the SAE features a pass ablates; or a
+    real model's load where that is more."""
     run = describe(config)
     n_params = run.model.n_params
     iv = config["interventions"]
@@ -62,7 +90,19 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     est = estimate_forward(
         run.model.cfg, n_params, run.prompt_length, None, 0, "float32", "float32", device
     )
-    return max(0 if run.model.embedded else load_bytes(n_params), est.host_peak(batch))
+    scores = estimate_attribution(
+        run.model.cfg, n_params, run.prompt_length, len(run.spliced), run.spliced_width,
+        "float32", device, iv["circuit_scores"],
+    )  # fmt: skip
+    work = max(est.host_peak(batch), scores.host_peak(int(iv["batch_size"])))
+    if device == "cpu" and run.spliced:
+        # A pass that ablates SAE features (the circuits' candidates, each feature alone for
+        # the ablation scores' exact reference) encodes every copy's activations at the
+        # hook it is at: SAE_ABLATION_COPIES fp32 d_sae-wide tensors a token (the features,
+        # the kept ones, the delta's input), one hook at a time. Measured on the embedded
+        # default: 1,020 MiB peak, the forward alone planned at 814.
+        work += int(SAE_ABLATION_COPIES * batch * run.prompt_length * run.spliced_width * 4)
+    return max(0 if run.model.embedded else load_bytes(n_params), work)
 
 
 def prompt_work(run: Run, icfg, prompt_length: int | None = None):

@@ -10,7 +10,9 @@ prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `res
   clean prompts and every SAE's error term, as in Marks et al. 2024: the SAEs make the residual
   stream itself a set of nodes, so a circuit can keep the token- and concept-specific directions
   that carry the behaviour and drop the rest. `components` uses the components only. Nodes are
-  ranked by |attribution score|. C_n = the top n nodes, and for each n:
+  ranked by |ablation score| (ablation_scores.py: each node's score against the run's ablation,
+  the counterfactual the circuit is judged by; attribution's scores are against the corrupted
+  prompt). C_n = the top n nodes, and for each n:
   faithfulness(n) = (m(C_n) - m(empty)) / (m(M) - m(empty)) with every node outside C_n ablated;
   completeness(n) = (m(M) - m(M minus C_n)) / (m(M) - m(empty)) with C_n ablated and the rest
   kept: the share of the model's effect that is lost without the circuit (1 = nothing outside
@@ -23,11 +25,18 @@ prompts. M is the unmodified model; ablations use one kind (`zero`, `mean`, `res
   shared by every prompt, while residual features are token-specific and a circuit of them can
   overfit its selection prompts, so the report leads with the component circuit's held-out
   faithfulness.
+  Two views of the circuit, each pruned to a minimal faithful circuit (pruning.py) and held out
+  (circuit_views.parquet, summary.json's `ablation_circuit` and `patching_circuit`, with MIB's
+  CPR and CMD): what the behaviour needs (ranked by ablation score, judged by the ablation) and
+  what carries the difference (ranked by attribution, judged by patching from the corrupted
+  prompt).
 * Heads. Every head alone; every pair and triplet (up to `max_set_size`) among the top-k heads by
   attribution, with the additive prediction (sum of single effects) and the interaction, and
-  random head sets of each size as the control. Inert heads (score exactly 0, such as the
-  embedded model's pruned heads) are left out of the top heads: sets of them only repeated
-  the sets without them.
+  random head sets of each size as the control. A head is inert when its own ablation has no
+  effect (its t-interval covers 0); it carries no difference when its attribution score
+  against the corrupted prompt is exactly 0 (it may still be needed). Heads that are both
+  (such as the embedded model's pruned heads) are left out of the top heads: sets of them
+  only repeated the sets without them.
 * Features. The top features by attribution, ablated, next to random active features of the same
   SAE; and steered: alpha * W_dec[f] added at the feature's site, next to a random direction of
   the same norm, with the top tokens whose mean logit rises most.
@@ -65,7 +74,13 @@ from circuitflow.interventions import plots
 from circuitflow.interventions.ablation import Intervener
 from circuitflow.interventions.config import InterventionsConfig
 from circuitflow.interventions.inputs import read_attribution
-from circuitflow.interventions.selection import circuits, inert_heads, top_heads
+from circuitflow.interventions.selection import (
+    circuits,
+    inert_heads,
+    no_difference_heads,
+    top_heads,
+    untestable_heads,
+)
 from circuitflow.interventions.stats import Runs, seeds_for
 from circuitflow.interventions.summary import summarise
 from circuitflow.io import save_figure, write_json, write_parquet
@@ -155,6 +170,17 @@ def intervene(
     tables = {
         "circuits": c.curves,
         "component_circuits": c.component_curves,
+        "ablation_scores": c.views.scores.frame.drop(columns=["key", "order"]),
+        "circuit_views": pd.concat(
+            [
+                v.curves.assign(view=v.view, judged_by=v.judged_by, candidates=name)
+                for name, views in (("configured", c.views), ("components", c.component_views))
+                if views is not None
+                for v in (views.ablation, views.patching)
+                if v is not None
+            ],
+            ignore_index=True,
+        ),  # fmt: skip
         "heads": singles,
         "head_sets": sets,
         "features": ablated,
@@ -162,8 +188,12 @@ def intervene(
     }
     out = Path(out_dir)
     write(out, tables, cfg, model.cfg, behaviour)
-    inert = inert_heads(attr, singles)
-    summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds, inert)
+    heads = {
+        "inert": inert_heads(singles),
+        "no_difference": no_difference_heads(attr),
+        "left_out": untestable_heads(attr, singles),
+    }
+    summary = summarise(behaviour, cfg, runs, c, singles, top, len(prompts), seconds, heads)
     summary |= counter.summary(len(prompts))
     write_json(out / "summary.json", summary)  # last: the rule's main output
     log.info(

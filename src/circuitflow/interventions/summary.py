@@ -12,7 +12,7 @@ from circuitflow.interventions import circuits as circ
 from circuitflow.interventions import flags
 from circuitflow.interventions import heads as hd
 from circuitflow.interventions.config import InterventionsConfig
-from circuitflow.interventions.selection import Circuits
+from circuitflow.interventions.selection import Circuits, Search
 from circuitflow.interventions.stats import Runs
 
 METRIC = "logit_diff (answer - distractor, last position), mean over prompts"
@@ -27,10 +27,13 @@ def summarise(
     top: list[tuple[int, int]],
     n_prompts: int,
     seconds: dict[str, float],
-    inert: list[tuple[int, int]] | None = None,
+    heads: dict[str, list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
     """summary.json (every number from the tables the stage wrote), with the flags on its
-    headline numbers (flags.py). `inert`: the heads left out of the top heads."""
+    headline numbers (flags.py). `heads`: `inert` (own ablation without effect),
+    `no_difference` (attribution score exactly 0) and `left_out` (both: left out of the top
+    heads)."""
+    heads = heads or {}
     curves, ranked, size, smallest = c.curves, c.ranked, c.size, c.smallest
     top_rows = curves[curves["circuit"] == "top"].drop_duplicates("n").set_index("n")
 
@@ -102,7 +105,18 @@ def summarise(
         .head(5)[["layer", "head", "score", "drop_frac"]]
         .to_dict("records"),
         "top_k_heads": [hd.head_label(*h) for h in top],
-        "inert_heads": [hd.head_label(*h) for h in inert or []],
+        "ablation_circuit": view_summary(c.views.ablation if c.views else None),
+        "patching_circuit": view_summary(c.views.patching if c.views else None),
+        "component_ablation_circuit": view_summary(
+            (c.component_views or c.views).ablation if c.views else None
+        ),
+        "component_patching_circuit": view_summary(
+            (c.component_views or c.views).patching if c.views else None
+        ),
+        "ablation_scores_validation": c.views.scores.validation if c.views else None,
+        "inert_heads": [hd.head_label(*h) for h in heads.get("inert", [])],
+        "no_difference_heads": [hd.head_label(*h) for h in heads.get("no_difference", [])],
+        "left_out_heads": [hd.head_label(*h) for h in heads.get("left_out", [])],
         "n_runs": runs.n_runs,
         "config": asdict(cfg),
         "seconds": seconds,
@@ -129,6 +143,57 @@ def undefined_metrics(top_rows: pd.DataFrame) -> dict[str, str]:
                     f"(m_full - m_empty = 0; m_full {full:.4g}, m_empty {empty:.4g} on the "
                     "selection half): the metric does not depend on the nodes"
                 )  # fmt: skip
+    return out
+
+
+VIEW_TEXT = {
+    "ablation": "what the behaviour needs: ranked by each node's score against the run's "
+    "ablation, judged by that ablation",
+    "patching": "what carries the clean/corrupted difference: ranked by attribution against "
+    "the corrupted prompt, judged by patching every node outside it from the corrupted prompt",
+}
+
+
+def view_summary(view: Search | None) -> dict[str, Any] | None:
+    """summary.json's `ablation_circuit` or `patching_circuit`: the minimal faithful circuit
+    pruning found (selection.Search), its faithfulness and completeness on both halves, the
+    smallest faithful prefix it was pruned from, MIB's CPR and CMD of the top-n curve (held
+    out, and on the selection half) and what pruning cost."""
+    if view is None:
+        return None
+    out: dict[str, Any] = {
+        "view": VIEW_TEXT[view.view],
+        "judged_by": view.judged_by,
+        "ranked_by": view.ranked_by,
+        "candidates": len(view.ranked),
+        "smallest_prefix": view.smallest,
+        "cpr": view.cpr,
+        "cmd": view.cmd,
+        "cpr_selection": view.cpr_selection,
+        "cmd_selection": view.cmd_selection,
+    }
+    p, row = view.pruned, view.row()
+    out |= {
+        "size": None if p is None else len(p.nodes),
+        "nodes": None if p is None else [node.id for node in p.nodes],
+        "by_kind": None if p is None else circ.count_kinds(p.nodes),
+    }
+    for half in ("", "_heldout"):
+        for metric in circ.METRICS:
+            for std in ("", "_std"):
+                column = f"{metric}{half}{std}"
+                out[column] = None if row is None else float(row[column])
+    out["pruning"] = None
+    if p is not None:
+        out["pruning"] = {
+            "removed": p.removed,
+            "necessity": p.necessity,
+            "rounds": p.rounds,
+            "converged": p.converged,
+            "skipped": p.skipped,
+            "runs": p.runs,
+            "bound_runs": p.bound_runs,
+        }
     return out
 
 

@@ -218,9 +218,53 @@ def circuits_headline(summary: dict) -> pd.DataFrame:
     )
 
 
+def circuit_views_table(summary: dict) -> pd.DataFrame | None:
+    """The two views of the circuit (summary.json's `ablation_circuit`, `patching_circuit`):
+    what the behaviour needs and what carries the difference, each its pruned minimal faithful
+    circuit with its nodes, faithfulness on both halves, MIB's CPR (higher is better) and CMD
+    (lower is better) of its top-n curve held out, and what pruning cost; None for a summary
+    written before them."""
+    views = [
+        (name, summary.get(key))
+        for name, key in (
+            ("what the behaviour needs", "ablation_circuit"),
+            ("what carries the difference", "patching_circuit"),
+            ("what the behaviour needs, components", "component_ablation_circuit"),
+            ("what carries the difference, components", "component_patching_circuit"),
+        )
+        if summary.get(key)
+    ]
+    if not views:
+        return None
+    rows = []
+    for name, v in views:
+        pruning = v.get("pruning") or {}
+        rows.append(
+            {
+                "view": name,
+                "judged by": v.get("judged_by"),
+                "nodes": "none faithful" if v.get("size") is None else v["size"],
+                "circuit": _first(v.get("nodes") or [], 12),
+                "faithfulness (selection)": _num(v.get("faithfulness")),
+                "faithfulness (held out)": _num(v.get("faithfulness_heldout")),
+                "completeness (held out)": _num(v.get("completeness_heldout")),
+                "CPR (held out)": _num(v.get("cpr")),
+                "CMD (held out)": _num(v.get("cmd")),
+                "pruned from": v.get("smallest_prefix"),
+                "pruning runs (bound)": "n/a"
+                if not pruning
+                else "skipped: above prune_max_nodes"
+                if pruning.get("skipped")
+                else f"{pruning.get('runs')} ({pruning.get('bound_runs')})",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]:
-    """Heads whose score is exactly 0 (inert: a pruned head, W_O = 0, or one nothing moves)
-    left out of a heads table, and a note naming them."""
+    """Heads whose score is exactly 0 (a pruned head, W_O = 0, or one nothing moves: for
+    attribution's score, a head that carries no difference; for the ablation effect, an inert
+    one) left out of a heads table, and a note naming them."""
     if frame.empty or "score" not in frame:
         return frame, ""
     inert = frame[frame["score"] == 0]
@@ -228,7 +272,7 @@ def _leave_out_inert(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]
         return frame, ""
     names = ", ".join(f"L{int(r.layer)}H{int(r.head)}" for r in inert.itertuples())
     return frame[frame["score"] != 0], note(
-        f"{len(inert)} heads whose {what} is exactly 0 (inert, such as pruned heads) are not "
+        f"{len(inert)} heads whose {what} is exactly 0 (such as pruned heads) are not "
         f"shown: {names}"
     )
 
@@ -293,10 +337,14 @@ def _head_sets_note(summary: dict) -> str:
     among = summary.get("top_k_heads")
     if among is None:
         return ""
-    inert = summary.get("inert_heads") or []
+    left_out = summary.get("left_out_heads") or []
     return note(
         f"among the top heads by attribution: {', '.join(among)}"
-        + (f" (inert heads left out: {', '.join(inert)})" if inert else "")
+        + (
+            f" (heads inert and carrying no difference left out: {', '.join(left_out)})"
+            if left_out
+            else ""
+        )
     )
 
 
@@ -327,6 +375,17 @@ def behaviour_sections(
     )
     sections.append(("Circuits, held out beside selection (interventions/summary.json)",
                      lead + table_html(circuits_headline(summary))))  # fmt: skip
+    views = circuit_views_table(summary)
+    if views is not None:
+        sections.append(
+            ("Two views of the circuit, pruned (interventions/summary.json)",
+             note("what the behaviour needs: ranked by each node's score against the run's "
+                  "ablation and judged by it; what carries the difference: ranked by attribution "
+                  "and judged by patching from the corrupted prompt. CPR: area under the "
+                  "faithfulness curve (higher is better); CMD: area between it and 1 (lower is "
+                  "better)")
+             + table_html(views))
+        )  # fmt: skip
     sections.append(("Flags on these numbers (interventions/summary.json)", flags_html(summary)))
     sections.append(("Faithfulness and completeness (interventions/summary.json)",
                      table_html(_summary_table(summary))))  # fmt: skip
