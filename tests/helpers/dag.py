@@ -23,8 +23,9 @@ def load_test_config(name: str) -> dict:
     return config
 
 
-# Niceness of the whole-DAG runs a test starts: below the shared runs' (0), which the most tests
-# wait for, so on 2 cores the default run (the suite's longest chain) is not slowed by the rest.
+# Niceness of the whole-DAG runs a test starts, added to its worker's (conftest's UNIT_NICE, all
+# but the default run's): below the shared runs', which the most tests wait for, so on 2 cores
+# the default run (the suite's longest chain) is not slowed by the rest.
 NICE = 5
 
 
