@@ -228,3 +228,70 @@ def test_a_layer_whose_mlp_writes_nothing_trains_and_is_reported_undefined(data)
     # The silent layer is still fitted towards zero: its decoders' output stays small.
     recon = result.clt(x.transpose(0, 1)).transpose(0, 1)
     assert recon[:, 1].pow(2).mean() < 0.05 * y[:, 0].pow(2).mean(), recon[:, 1].abs().max()
+
+
+# --- the step on a GPU: nothing read back, AuxK as SAELens counts it ---------------------------
+def _step_inputs(activation: str, n_dead: int):
+    """A fresh shard (D = 8: k_aux = 4), a batch of the planted data and a dead mask of the
+    first `n_dead` features of each layer."""
+    from circuitflow.sae.cross_layer_train import CLTShard
+
+    _, x, y = planted()
+    cfg = CLTTrainConfig(d_transcoder=F, activation=activation, k=K, seed=3)
+    dead = torch.zeros(L, F, dtype=torch.bool)
+    dead[:, :n_dead] = True
+    return CLTShard(L, D, cfg), x[:BATCH], y[:BATCH], dead
+
+
+@pytest.mark.parametrize("activation", ["topk", "batchtopk", "jumprelu"])
+def test_a_step_reads_nothing_back_from_the_device(activation):
+    """tests/helpers/no_sync.py's proof: the step and its backward, AuxK included, would queue
+    on a GPU without the host waiting."""
+    from helpers.no_sync import NoHostSync
+
+    from circuitflow.sae.cross_layer_train import training_step
+
+    shard, x, y, dead = _step_inputs(activation, 3)
+    with NoHostSync():
+        loss, out = training_step(shard, x, y, None if activation == "jumprelu" else dead)
+        loss.backward()
+        _ = out.loss + sum(out.terms.values())
+
+
+@pytest.mark.parametrize("n_dead", [0, 3, 9])
+def test_auxk_term_is_saelens_rule_over_the_dead_features(n_dead):
+    """The AuxK term against a reference written out here: per token and source layer the
+    min(k_aux, dead) largest pre-activations among the dead features, not ReLU'd, decoded into
+    every later layer, the normalised MSE against the live features' residual, scaled by
+    aux_coefficient and min(dead / (L k_aux), 1); nothing dead gives exactly 0."""
+    from circuitflow.sae.cross_layer_train import training_step
+
+    shard, x, y, dead = _step_inputs("topk", n_dead)
+    _, out_live = training_step(shard, x, y, None)
+    _, out = training_step(shard, x, y, dead)
+    with torch.no_grad():
+        pre = torch.einsum("bld,lfd->blf", x, shard.W_enc) + shard.b_enc
+        acts = torch.zeros_like(pre)
+        for b in range(BATCH):
+            for layer in range(L):
+                live = pre[b, layer].clone()
+                keep = live.topk(K).indices
+                acts[b, layer, keep] = live[keep].relu()
+        recon = shard.decode_partial(acts) + shard.b_dec
+        k_aux = D // 2
+        aux_acts = torch.zeros_like(pre)
+        for b in range(BATCH):
+            for layer in range(L):
+                ids = dead[layer].nonzero().flatten()
+                picks = ids[pre[b, layer, ids].argsort(descending=True)[: min(k_aux, len(ids))]]
+                aux_acts[b, layer, picks] = pre[b, layer, picks]
+        residual = y - recon
+        aux_recon = shard.decode_partial(aux_acts)
+        err = ((aux_recon - residual) ** 2).sum((0, 2))
+        var = ((residual - residual.mean(0)) ** 2).sum((0, 2))
+        scale = min(int(dead.sum()) / (L * k_aux), 1.0)
+        want = shard.cfg.aux_coefficient * scale * float((err / var).sum())
+    got = float(out.terms["aux"])
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-12)
+    if n_dead == 0:
+        assert got == 0.0 and float(out.loss) == float(out_live.loss)

@@ -36,6 +36,14 @@ over the sharded features is global: each rank sends its k best (score, feature)
 it. The penalties are sums over features: each rank's gradient needs only its own terms, and the
 loss reported is all_reduced.
 
+The step never reads a device value back (tests/helpers/no_sync.py proves it on CPU), so on a
+GPU it queues without waiting: AuxK takes a fixed k_aux picks a token with the live features
+masked to -inf (a pick past a layer's dead count is -inf and dropped: min(k_aux, dead) picks,
+as SAELens), its scale stays on the device, and with nothing dead it adds exact zeros; it is
+skipped, exactly, while no feature can be dead yet (steps since firing grow by one a step at
+most, read once at the start and on resume), and the losses are read back at checkpoints and
+at the end only.
+
 Checkpoints (sae.checkpoint: safetensors + JSON, atomic, checksummed; no pickle) are per rank,
 under {root}/rank_{r:03d}/step_{n:09d}; a resume takes the newest step every rank has, so one
 that stopped mid-write resumes from the step before. Adam's moments are in the checkpoint, the
@@ -56,7 +64,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from circuitflow.sae.auxk import aux_size
 from circuitflow.sae.checkpoint import (
     list_checkpoints,
     load_checkpoint,
@@ -292,7 +299,7 @@ class StepOutput:
     constant: torch.Tensor  # [L] bool: target layers with no variance (nmse undefined)
     l0: torch.Tensor  # [L], all ranks' features
     fired: torch.Tensor  # [L, F_r] bool: this rank's features that fired in the batch
-    terms: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # each detached, on the device
 
 
 def training_step(
@@ -330,26 +337,27 @@ def training_step(
         loss = loss + local
         terms["penalties"] = _all_reduce(local.detach().clone())
     elif dead is not None:
-        # All ranks' dead count: every rank takes the same branch (AuxK's collectives).
-        n_dead = int(_all_reduce(dead.sum().reshape(1)).item())
-        k_aux, _ = aux_size(shard.d_model, n_dead)
-        if k_aux:
-            # sae.auxk's scale, over all L source layers' dead features.
-            scale = min(n_dead / (L * (shard.d_model // 2)), 1.0)
-            scores = pre.detach().masked_fill(~dead, float("-inf"))
-            aux_acts = pre * global_topk_mask(scores, features, k_aux)
-            residual = (y - recon).detach()
-            aux_recon = _SumOverRanks.apply(shard.decode_partial(aux_acts))
-            aux = cfg.aux_coefficient * scale * _nmse(aux_recon, residual)[0].sum()
-            loss = loss + aux
-            terms["aux"] = aux.detach()
+        # sae.auxk's rule without reading the dead count back: a fixed k_aux = D // 2 picks a
+        # token and layer among the dead features (the live ones -inf, never picked, so
+        # min(k_aux, dead) of them), and the scale min(dead / (L k_aux), 1) over all ranks' and
+        # layers' dead features on the device: nothing dead adds exact zeros.
+        k_aux = shard.d_model // 2
+        n_dead = _all_reduce(dead.sum().reshape(1).to(torch.float32))
+        scale = (n_dead / (L * k_aux)).clamp(max=1.0)
+        scores = pre.detach().masked_fill(~dead, float("-inf"))
+        aux_acts = pre * global_topk_mask(scores, features, min(k_aux, F))
+        residual = (y - recon).detach()
+        aux_recon = _SumOverRanks.apply(shard.decode_partial(aux_acts))
+        aux = (cfg.aux_coefficient * scale * _nmse(aux_recon, residual)[0].sum()).squeeze(0)
+        loss = loss + aux
+        terms["aux"] = aux.detach()
     with torch.no_grad():
         active = acts.detach() != 0
         l0 = _all_reduce(active.sum((0, 2)).to(torch.float32)) / B
         total = sum(terms.values())
     out = StepOutput(
         loss=total, nmse=nmse.detach(), constant=constant, l0=l0, fired=active.any(0),
-        terms={k: float(v) for k, v in terms.items()},
+        terms=terms,
     )  # fmt: skip
     return loss, out
 
@@ -425,25 +433,32 @@ def train(
     opt = torch.optim.Adam(shard.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
     since_fired = torch.zeros(L, shard.hi - shard.lo, dtype=torch.int64)
     losses: list[float] = []
+    pending: list[torch.Tensor] = []  # this run's losses not read back yet
     step = 0
     if checkpoint is not None:
         step = _latest_common_step(Path(checkpoint))
         if step:
             since_fired, losses = _restore(Path(checkpoint), step, shard, opt)
             losses = losses[:step]
+    # No feature is dead while the oldest reading of steps since firing (read once, here) plus
+    # the steps taken since stays within the window: AuxK is skipped until then, exactly.
+    oldest, taken = int(_all_reduce(since_fired.amax().reshape(1), dist.ReduceOp.MAX)), 0
     out = None
     for x, y in itertools.islice(it, step, cfg.steps):
-        dead = since_fired > cfg.dead_window if cfg.activation != "jumprelu" else None
+        can_die = cfg.activation != "jumprelu" and oldest + taken > cfg.dead_window
+        dead = since_fired > cfg.dead_window if can_die else None
         opt.zero_grad(set_to_none=True)
         loss, out = training_step(shard, x, y, dead)
         loss.backward()
         opt.step()
         since_fired = torch.where(out.fired, 0, since_fired + 1)
-        losses.append(float(out.loss))
-        step += 1
+        pending.append(out.loss)
+        step, taken = step + 1, taken + 1
         every = cfg.checkpoint_every
         if checkpoint is not None and (step == cfg.steps or (every and step % every == 0)):
+            losses, pending = losses + torch.stack(pending).tolist(), []
             _save(Path(checkpoint), step, shard, opt, since_fired, losses)
+    losses += torch.stack(pending).tolist() if pending else []
     if step < cfg.steps:
         raise ValueError(f"the batches ran out after {step} of {cfg.steps} steps")
     dead = _all_reduce((since_fired > cfg.dead_window).sum(1).to(torch.float64))
