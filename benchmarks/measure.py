@@ -30,7 +30,9 @@ Steps, at GPT-2-small dimensions (random weights; the GPU suite adds Qwen2.5-0.5
    the measured peak (report/gpu_hours.py and circuitflow.resources read it);
 6. `prompt_graphs`: one per-prompt graph on transcoders (seconds, forward equivalents,
    memory against the plan);
-7. `scale`: the whole DAG through Snakemake (config/gpt2-small.yaml at reduced counts, with
+7. `clt_train`: the cross-layer transcoder's training step (tokens/s, share of the matmul
+   peak, and under torch.cuda.set_sync_debug_mode("error"));
+8. `scale`: the whole DAG through Snakemake (config/gpt2-small.yaml at reduced counts, with
    transcoders so the per-prompt graphs run; independent GPU jobs side by side on the GPU).
 
 Each step writes `benchmarks/results/<step>-<gpu>-cuda.json` (`<step>-cpu-smoke.json` under
@@ -100,10 +102,13 @@ STEPS = (
          "--max-feature-nodes 4096 --expansion 32",
          "--positions 4 --expansion 1 --k 2 --max-feature-nodes 8 --batch 16 --n-layers 2",
          0.05),
+    # GPT-2 small's shape, 8,192 features a layer: about 10 GB of weights, gradients and Adam.
+    Step("clt_train", "clt_train.py", "--steps 20",
+         "--layers 2 --d-model 16 --features 32 --k 4 --batch 64 --steps 3", 0.04),
     # The whole reduced DAG, 36 jobs (15 on the GPU): one GPU job at a time it was cut at
     # 229 s on an H200 (2026-11-27); 4 side by side, its longest chain of jobs bounds it.
     # Last: it takes the time the steps before it left.
-    Step("scale", "scale.py", "--reduced", "--reduced --dry-run", 0.30, out_flag="--out"),
+    Step("scale", "scale.py", "--reduced", "--reduced --dry-run", 0.26, out_flag="--out"),
 )  # fmt: skip
 STEP_NAMES = [s.name for s in STEPS]
 
@@ -408,6 +413,19 @@ CPU_FILES = {
     "prompt_graphs": "prompt_graphs-cpu.json",
     "scale": "scale-cpu.json",
 }
+
+
+def clt_train_lines(new: dict, cpu: dict | None) -> list[tuple[str, str, str]]:
+    shape = new["shape"]
+    name = f"clt_train {shape['layers']}x{shape['d_model']}x{shape['features_a_layer']}"
+    sync = (new.get("sync_check") or {}).get("passed")
+    return [
+        (f"{name}: tokens/s", fmt(new.get("tokens_per_s")), "-"),
+        (f"{name}: share of peak ({new['compute_dtype']})", fmt(new.get("share_of_peak")), "-"),
+        (f"{name}: sync check", "-" if sync is None else str(sync), "-"),
+    ]
+
+
 LINES = {
     "gpu_suite": suite_lines,
     "sae_train": sae_train_lines,
@@ -415,6 +433,7 @@ LINES = {
     "attribution": attribution_lines,
     "capture": capture_lines,
     "prompt_graphs": prompt_graph_lines,
+    "clt_train": clt_train_lines,
     "scale": scale_lines,
 }
 

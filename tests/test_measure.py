@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("sae_train", "sae_stream", "attribution", "capture", "gpu_suite", "prompt_graphs", "scale")
+STEPS = (
+    "sae_train",
+    "sae_stream",
+    "attribution",
+    "capture",
+    "gpu_suite",
+    "prompt_graphs",
+    "clt_train",
+    "scale",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +47,8 @@ def test_every_step_writes_its_figures_stamped(measured):
         assert data["measure"]["command"].startswith(f"{REPO / 'benchmarks' / step}.py")
     screen = screen[screen.index("figure") :]
     for figure in ("share of peak", "fast / SAELens", "stream / capture-then-train",
-                   "forward equivalents a graph", "DAG planned"):  # fmt: skip
+                   "forward equivalents a graph", "clt_train 2x16x32: tokens/s",
+                   "DAG planned"):  # fmt: skip
         assert figure in screen, figure
     # Each of issue 46's targets on the screen; smoke figures are not judged.
     targets = screen[screen.index("issue 46 target") :].splitlines()[1:9]

@@ -313,13 +313,13 @@ def training_step(
     B, L, _ = x.shape  # noqa: N806
     F, Fr = cfg.d_transcoder, shard.hi - shard.lo  # noqa: N806
     pre = torch.einsum("bld,lfd->blf", x, shard.W_enc) + shard.b_enc  # [B, L, F_r]
-    features = torch.arange(shard.lo, shard.hi)
+    features = torch.arange(shard.lo, shard.hi, device=pre.device)
     if cfg.activation == "topk":
         acts = pre.relu() * global_topk_mask(pre, features, cfg.k)
     elif cfg.activation == "batchtopk":
         # Over the batch and the features of each layer: entry (b, f) is global id b F + f.
         flat = pre.detach().relu().transpose(0, 1).reshape(L, B * Fr)
-        ids = (torch.arange(B)[:, None] * F + features[None, :]).reshape(-1)
+        ids = (torch.arange(B, device=pre.device)[:, None] * F + features[None, :]).reshape(-1)
         mask = global_topk_mask(flat, ids, cfg.k * B).reshape(L, B, Fr).transpose(0, 1)
         acts = pre.relu() * mask
     else:
@@ -429,9 +429,9 @@ def train(
     x0, y0 = next(it)
     it = itertools.chain([(x0, y0)], it)
     L, D = x0.shape[1], x0.shape[2]  # noqa: N806
-    shard = CLTShard(L, D, cfg)
+    shard = CLTShard(L, D, cfg).to(x0.device)  # initialised on the host: the same at any R
     opt = torch.optim.Adam(shard.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
-    since_fired = torch.zeros(L, shard.hi - shard.lo, dtype=torch.int64)
+    since_fired = torch.zeros(L, shard.hi - shard.lo, dtype=torch.int64, device=x0.device)
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # this run's losses not read back yet
     step = 0
@@ -439,7 +439,7 @@ def train(
         step = _latest_common_step(Path(checkpoint))
         if step:
             since_fired, losses = _restore(Path(checkpoint), step, shard, opt)
-            losses = losses[:step]
+            since_fired, losses = since_fired.to(x0.device), losses[:step]
     # No feature is dead while the oldest reading of steps since firing (read once, here) plus
     # the steps taken since stays within the window: AuxK is skipped until then, exactly.
     oldest, taken = int(_all_reduce(since_fired.amax().reshape(1), dist.ReduceOp.MAX)), 0
