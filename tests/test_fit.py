@@ -129,12 +129,12 @@ def test_the_token_set_must_fit_the_memory_that_builds_it(monkeypatch):
 
 
 def test_a_job_above_this_machines_memory_is_refused_naming_its_batch():
-    config = resolved("config/config.yaml", device="cpu", **{"interventions.batch_size": 200_000})
+    config = resolved("config/config.yaml", device="cpu", **{"interventions.batch_size": 20_000})
     # On this machine the planned peak, without Slurm's headroom.
     need = fit.size(resources.job_peak_bytes(config, "interventions", "cpu"))
     assert need.endswith(" GiB") and float(need.split()[0]) > 23
     assert fit.problem(config, [("interventions", None)], Cluster(), HERE) == (
-        f"interventions.batch_size: 200,000 plans {need} of host memory for interventions; "
+        f"interventions.batch_size: 20,000 plans {need} of host memory for interventions; "
         "this machine has 23 GiB of memory"
     )
     config = resolved("config/config.yaml", device="cpu", **{"attribution.batch_size": 200_000})

@@ -36,8 +36,11 @@ def test_default_saes_meet_the_quality_bar(default_results):
 
 def test_interventions_stay_within_the_planned_passes(default_results):
     """interventions.plan.passes (what walltimes and the GPU-hours estimate charge) bounds the
-    stage's own count (perf.PassCounter) part by part, and stays within 2x of it: a walltime
-    from the bound is neither short nor padded tenfold."""
+    stage's own count (perf.PassCounter) part by part, and but for pruning stays within 2x of
+    it: a walltime from the bound is neither short nor padded tenfold. Pruning's bound is its
+    worst case (3 runs a node a round) and whether a prefix is pruned at all depends on its
+    size, so it is checked against the bound alone (induction's 273-node prefix is not
+    pruned, facts' 48-node one took 135 runs of its 626)."""
     from circuitflow import config as cf_config
     from circuitflow.interventions import plan as interventions_plan
     from circuitflow.interventions.config import InterventionsConfig
@@ -51,11 +54,12 @@ def test_interventions_stay_within_the_planned_passes(default_results):
     for behaviour in ("induction", "facts"):
         summary = read_json(default_results / "interventions" / behaviour / "summary.json")
         counted = summary["forward_equivalents_by_part"]
-        assert set(counted) == set(planned), counted
+        assert set(counted) <= set(planned) and set(planned) - set(counted) <= {"pruning"}
         for part, passes in counted.items():
             assert passes <= planned[part], (behaviour, part, passes, planned[part])
-        total = summary["forward_equivalents_per_prompt"]
-        assert total <= sum(planned.values()) <= 2 * total, (behaviour, total, planned)
+        total = summary["forward_equivalents_per_prompt"] - counted.get("pruning", 0)
+        rest = sum(planned.values()) - planned["pruning"]
+        assert total <= rest <= 2 * total, (behaviour, total, planned)
 
 
 def test_disk_plan_matches_the_files_the_default_run_wrote(default_results):

@@ -15,7 +15,8 @@ from circuitflow.perf import Work
 
 def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
     """Forward-pass equivalents per prompt of the interventions stage, an upper bound by part
-    (the parts its PassCounter names), read off interventions/: every ablated run is one forward
+    (the parts its PassCounter names: circuits, pruning, heads, features), read off
+    interventions/: every ablated run is one forward
     pass of every prompt. Zero and mean ablations serve every seed from one run; resample
     ablation runs each seed. The circuit candidates are bounded by every component, every SAE
     feature and error term (the stage takes the features that fire), so the grid of circuit
@@ -49,32 +50,35 @@ def passes(model_cfg, n_saes: int, d_sae: int, icfg) -> dict[str, float]:
     # forward for the shapes and the method's passes, per seed drawn; a forward a hook for the
     # references; each node but the SAE features ablated alone), then each view's search
     # (grid, bisection: the ablation view's are the curves' above again, cached, but bounded
-    # here all the same) and pruning (pruning.Pruned.bound_runs, the prefix bounded by every
-    # candidate and by prune_max_nodes), the patching view's clean run.
+    # here all the same) and the patching view's clean run; their pruning is its own part
+    # (pruning.Pruned.bound_runs, the prefix bounded by every candidate and prune_max_nodes:
+    # its worst case, 3 runs a node a round, charged in full).
     method = 4.0 if icfg.circuit_scores == "atp" else 2.0 + 3.0 * icfg.circuit_ig_steps
     hooks = 1 + 2 * layers + n_saes
     exact = components + n_saes + (EXACT_FEATURES if n_saes else 0)
     circuits += seeds * method + hooks + seeds * exact
 
-    def views(candidates: int) -> float:
-        """Both views' searches and pruning over `candidates`, and the patching clean run."""
+    def views(candidates: int) -> tuple[float, float]:
+        """Both views' searches over `candidates` and the patching clean run; their pruning."""
         grid, bisection = search(candidates)
         pruning = (3 * icfg.prune_rounds + 1) * min(candidates, icfg.prune_max_nodes) + 2
-        return 1 + 2 * seeds * (2 * grid + 2 * bisection + 1 + pruning)
+        return 1 + 2 * seeds * (2 * grid + 2 * bisection + 1), 2 * seeds * pruning
 
-    circuits += views(components + n_saes * (d_sae + 1))
+    searched, pruned = views(components + n_saes * (d_sae + 1))
     if n_saes and icfg.circuit_nodes == "features":
-        circuits += views(components)  # the same over the components alone
+        more = views(components)  # the same over the components alone
+        searched, pruned = searched + more[0], pruned + more[1]
     sets = sum(math.comb(icfg.top_k_heads, k) + icfg.n_random_sets
                for k in range(2, icfg.max_set_size + 1))  # fmt: skip
-    parts = {"circuits": circuits, "heads": float(seeds * (layers * heads + sets))}
+    parts = {"circuits": circuits + searched, "pruning": float(pruned),
+             "heads": float(seeds * (layers * heads + sets))}  # fmt: skip
     chosen = icfg.n_features * (1 + icfg.n_random_features)
     steered = icfg.n_features * 2 * sum(1 for a in icfg.steering_alphas if a)
     parts["features"] = float(n_saes + seeds * chosen + steered)
     return parts
 
 
-SAE_ABLATION_COPIES = 3
+SAE_ABLATION_COPIES = 2
 
 
 def job_bytes(config: dict, rule: str, device: str) -> int:
@@ -98,9 +102,10 @@ def job_bytes(config: dict, rule: str, device: str) -> int:
     if device == "cpu" and run.spliced:
         # A pass that ablates SAE features (the circuits' candidates, each feature alone for
         # the ablation scores' exact reference) encodes every copy's activations at the
-        # hook it is at: SAE_ABLATION_COPIES fp32 d_sae-wide tensors a token (the features,
-        # the kept ones, the delta's input), one hook at a time. Measured on the embedded
-        # default: 1,020 MiB peak, the forward alone planned at 814.
+        # hook it is at: SAE_ABLATION_COPIES fp32 d_sae-wide tensors a token (the features
+        # and the kept ones the delta decodes), one hook at a time. Measured on the embedded
+        # default (prompts of 32 tokens, the plan's length): induction 955 to 1,020 MiB,
+        # facts (shorter prompts) 768; planned 942, the forward alone 814.
         work += int(SAE_ABLATION_COPIES * batch * run.prompt_length * run.spliced_width * 4)
     return max(0 if run.model.embedded else load_bytes(n_params), work)
 

@@ -140,10 +140,11 @@ def search(
     smallest = circ.smallest_faithful(curves, cfg.faithfulness_threshold)
     pruned = None
     if smallest is not None:
-        pruned = prune(
-            runs, ranked, ranked[:smallest], selection, cfg.faithfulness_threshold,
-            batch=cfg.runs_per_pass, max_rounds=max_rounds, max_nodes=cfg.prune_max_nodes,
-        )  # fmt: skip
+        with runs.iv.counter.part("pruning"):  # its own part: the plan charges its worst case
+            pruned = prune(
+                runs, ranked, ranked[:smallest], selection, cfg.faithfulness_threshold,
+                batch=cfg.runs_per_pass, max_rounds=max_rounds, max_nodes=cfg.prune_max_nodes,
+            )  # fmt: skip
         row = circ.circuit_curves(
             runs, ranked, [], cfg, base_seed, selection, named=pruned.nodes, controls=False,
             named_as="pruned",
