@@ -161,10 +161,11 @@ def _logged(item, when: str):
     import json
     import time
 
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    cpu, wall, start = _cpu_seconds(), time.monotonic(), time.time()
     yield
     line = {"test": item.nodeid, "when": when, "cpu_s": round(_cpu_seconds() - cpu, 2),
-            "wall_s": round(time.monotonic() - wall, 2)}  # fmt: skip
+            "wall_s": round(time.monotonic() - wall, 2), "start": round(start, 1),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "master")}  # fmt: skip
     with open(CPU_LOG, "a") as f:  # one short write a line: workers append safely
         f.write(json.dumps(line) + "\n")
 
