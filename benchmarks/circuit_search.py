@@ -90,8 +90,7 @@ def compare(results: Path, behaviour: str) -> dict:
             held_out = {}
             for which, ranked in (("before", nodes), ("after", scores.ranked(nodes))):
                 t0, n0 = time.process_time(), runs.n_runs
-                s = sel.search(runs, ranked, cfg, config["seed"], half, "ablation", which,
-                               cfg.prune_rounds)  # fmt: skip
+                s = sel.search(runs, ranked, cfg, config["seed"], half, "ablation", which)
                 if which == "before":  # today's search: no pruning, the smallest prefix
                     row = _row(s, "top", s.smallest)
                 else:

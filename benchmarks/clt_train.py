@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The cross-layer transcoder's training step (sae.cross_layer_train) on one device: tokens/s,
-its share of the float32 (TF32 on CUDA) matmul peak at the step's shape, and on CUDA the step,
+its share of the measured float32 (TF32 on CUDA) matmul peak, and on CUDA the step,
 its backward and Adam under torch.cuda.set_sync_debug_mode("error") (the CPU proof is
 tests/sae/test_cross_layer_train.py's NoHostSync test). AuxK is on (half the features dead),
 as in a long run's steady state; the data is random (the step's cost does not depend on it).
@@ -22,29 +22,14 @@ from pathlib import Path
 
 import torch
 
+from circuitflow import perf
 from circuitflow.io import write_json
-from circuitflow.perf import synchronize
 
 
 def flops_per_token(n_layers: int, d_model: int, features: int) -> float:
     encode = 2 * n_layers * d_model * features
     decode = 2 * (n_layers * (n_layers + 1) // 2) * features * d_model
     return 3 * (encode + 2 * decode)  # forward (AuxK's decode too) and a backward of twice it
-
-
-def matmul_peak(device: str, m: int, k: int, n: int, reps: int = 10) -> float:
-    """FLOP/s of an [m, k] x [k, n] float32 matmul (TF32 where allowed), best of 3."""
-    a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
-    a @ b
-    best = 0.0
-    for _ in range(3):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        synchronize(device)
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t0))
-    return best
 
 
 def main() -> None:
@@ -90,7 +75,7 @@ def main() -> None:
         opt.step()
 
     step()  # the first: allocations, kernels chosen
-    synchronize(a.device)
+    perf.synchronize(a.device)
     t0 = time.perf_counter()
     if a.device.startswith("cuda"):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,9 +90,9 @@ def main() -> None:
             step()
         seconds = time.perf_counter() - t0
     out["tokens_per_s"] = a.batch * a.steps / seconds
-    out["peak_flops_at_step_shape"] = matmul_peak(a.device, a.batch, D, F)
-    out["share_of_peak"] = (
-        out["tokens_per_s"] * out["flops_per_token"] / out["peak_flops_at_step_shape"]
+    out["peak_flops"] = perf.measured_peak_flops(a.device)  # float32; TF32 where allowed
+    out["share_of_peak"] = perf.roofline_share(
+        out["flops_per_token"], out["tokens_per_s"], out["peak_flops"]
     )
     if a.device.startswith("cuda"):
         out["memory_peak_bytes"] = torch.cuda.max_memory_allocated()

@@ -59,13 +59,18 @@ SHARED_LATER = {"measure_cpu": "measure-cpu"}
 LONGEST = ("tests/workflow/test_slurm.py::test_pipeline_on_local_slurm_and_walltime_resume",)
 
 
+def _groups(item) -> set[str]:
+    """The xdist groups `item` is marked with (pytest_itemcollected marks them)."""
+    return {m.args[0] for m in item.iter_markers("xdist_group")}
+
+
 def pytest_collection_modifyitems(config, items):
     """Longest work first: `make test` runs xdist with --no-loadscope-reorder, which hands out
     the tests in this order, so the shared runs, the longest test and the shared runs' late
     readers start at once and the unit tests fill the workers' gaps."""
 
     def rank(item) -> int:
-        groups = {m.args[0] for m in item.iter_markers("xdist_group")}
+        groups = _groups(item)
         for i, group in enumerate(SHARED_RUNS.values()):
             if group in groups:
                 return i
@@ -130,8 +135,7 @@ _NICED: list[bool] = []
 
 
 def _lower_priority_unless_default_run(item) -> None:
-    groups = {m.args[0] for m in item.iter_markers("xdist_group")}
-    if not _NICED and SHARED_RUNS["default_results"] not in groups:
+    if not _NICED and SHARED_RUNS["default_results"] not in _groups(item):
         os.nice(UNIT_NICE)
         _NICED.append(True)
 

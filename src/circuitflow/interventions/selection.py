@@ -128,11 +128,10 @@ def search(
     selection,
     view: str,
     ranked_by: str,
-    max_rounds: int = 4,
 ) -> Search:
     """The top-n curves of `ranked` judged by `runs`' ablation, the smallest faithful prefix on
-    the selection half (grid, then bisection), pruned (pruning.prune) to a minimal faithful
-    circuit, which is then scored on both halves."""
+    the selection half (grid, then bisection), pruned (pruning.prune, `cfg.prune_rounds` rounds
+    at most) to a minimal faithful circuit, which is then scored on both halves."""
     sizes = circ.circuit_sizes(len(ranked), cfg, [])
     curves = circ.circuit_curves(runs, ranked, sizes, cfg, base_seed, selection, controls=False)
     curves = circ.refine_smallest(runs, ranked, curves, cfg, base_seed, selection)
@@ -143,7 +142,7 @@ def search(
         with runs.iv.counter.part("pruning"):  # its own part: the plan charges its worst case
             pruned = prune(
                 runs, ranked, ranked[:smallest], selection, cfg.faithfulness_threshold,
-                batch=cfg.runs_per_pass, max_rounds=max_rounds, max_nodes=cfg.prune_max_nodes,
+                batch=cfg.runs_per_pass, max_rounds=cfg.prune_rounds, max_nodes=cfg.prune_max_nodes,
             )  # fmt: skip
         row = circ.circuit_curves(
             runs, ranked, [], cfg, base_seed, selection, named=pruned.nodes, controls=False,
@@ -204,14 +203,13 @@ def circuit_views(
     half."""
     need = search(
         runs, scores.ranked(universe), cfg, base_seed, selection, "ablation",
-        f"ablation_score_selection ({scores.method}, exact where run)", cfg.prune_rounds,
+        f"ablation_score_selection ({scores.method}, exact where run)",
     )  # fmt: skip
     carry = None
     if attr.components is not None and len(attr.components):
         patch = Runs(runs.iv.with_kind(PATCH), runs.seeds)
         carry = search(
             patch, universe, cfg, base_seed, selection, "patching", "score_selection (attribution)",
-            cfg.prune_rounds,
         )  # fmt: skip
         runs.n_runs += patch.n_runs
     return Views(need, carry, scores)
